@@ -1,0 +1,14 @@
+"""emonet: facial expression, valence, arousal and landmarks from faces with EmoNet (Toisoul et al., 2021)."""
+from .checkpoints import WEIGHTS, CheckpointError, Weights, load_model
+from .classes import EXPRESSIONS_5, EXPRESSIONS_8, class_names
+from .models import EmoNet
+from .runtime import RuntimeConfig, configure, select_device
+from .timing import LatencyTimer, model_cost
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EmoNet", "load_model", "Weights", "WEIGHTS", "CheckpointError", "class_names",
+    "EXPRESSIONS_8", "EXPRESSIONS_5", "RuntimeConfig", "configure", "select_device",
+    "LatencyTimer", "model_cost", "__version__",
+]

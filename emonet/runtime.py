@@ -1,0 +1,120 @@
+"""Runtime settings: which device, cuDNN autotuning, deterministic mode, numeric precision, memory format.
+
+Everything here is explicit configuration applied once at start-up; no module-level state is kept
+beyond the flags PyTorch itself holds.
+"""
+from __future__ import annotations
+
+import os
+import random
+import sys
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import numpy as np
+import torch
+from torch import nn
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class DeviceError(Exception):
+    """The requested device is not there or not understood."""
+
+
+@dataclass
+class RuntimeConfig:
+    """How the network runs. The defaults are the fast, ordinary ones: cuda:0, cuDNN autotuning, fp32."""
+
+    device: Optional[str] = None          # None: cuda:0 when available, else the CPU (with a warning)
+    cudnn_benchmark: bool = True          # autotune convolutions: the first call of a new shape pays for it
+    deterministic: bool = False           # bit-reproducible results; turns cudnn_benchmark off
+    precision: str = "fp32"               # fp32 | tf32 | fp16 | bf16
+    channels_last: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype weights and inputs are cast to."""
+        return _DTYPES[self.precision]
+
+
+def select_device(requested: Union[str, torch.device, None] = None, quiet: bool = False) -> torch.device:
+    """``cuda:0`` by default, the requested device if given; falls back to the CPU with one warning line."""
+    if requested is None or str(requested) == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda:0")
+        if not quiet:
+            print("warning: no CUDA GPU found; running on the CPU (much slower)", file=sys.stderr)
+        return torch.device("cpu")
+    try:
+        device = torch.device(requested)
+    except (RuntimeError, TypeError):
+        raise DeviceError(f"unknown device {requested!r}; use 'cpu', 'cuda' or 'cuda:N'") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device {requested} was asked for but no CUDA GPU is available; "
+                                f"use --device cpu")
+        index = 0 if device.index is None else device.index
+        if index >= torch.cuda.device_count():
+            raise DeviceError(f"device {requested} does not exist: this machine has "
+                                f"{torch.cuda.device_count()} CUDA device(s)")
+        device = torch.device("cuda", index)
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's generators (all CUDA devices included)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def configure(config: RuntimeConfig) -> torch.device:
+    """Apply ``config`` to PyTorch's global flags and return the device to run on."""
+    device = select_device(config.device)
+    if config.deterministic:
+        # cuBLAS needs this set before its first use to be deterministic.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+        torch.use_deterministic_algorithms(True)
+        seed_everything(config.seed)
+    else:
+        torch.backends.cudnn.benchmark = config.cudnn_benchmark
+        torch.backends.cudnn.deterministic = False
+        torch.use_deterministic_algorithms(False)
+    tf32 = config.precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    return device
+
+
+def prepare_model(model: nn.Module, config: RuntimeConfig, device: torch.device) -> nn.Module:
+    """Move ``model`` to ``device`` in the configured dtype and memory format, in eval mode."""
+    model = model.to(device=device, dtype=config.dtype)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model.eval()
+
+
+def prepare_input(x: torch.Tensor, config: RuntimeConfig, device: torch.device) -> torch.Tensor:
+    """Cast a float batch to the model's device, dtype and memory format."""
+    x = x.to(device=device, dtype=config.dtype, non_blocking=True)
+    if config.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
+def describe(config: RuntimeConfig, device: torch.device) -> str:
+    """One line saying how the network runs, for the tools' headers."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    mode = "deterministic" if config.deterministic else (
+        "cudnn.benchmark on" if config.cudnn_benchmark else "cudnn.benchmark off")
+    layout = ", channels_last" if config.channels_last else ""
+    return f"{device} ({name}), {config.precision}{layout}, {mode}, torch {torch.__version__}"

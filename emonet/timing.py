@@ -1,0 +1,140 @@
+"""Honest latency: CUDA events on the GPU, perf_counter on the CPU; the first call kept apart.
+
+GPU work is asynchronous, so a host clock read right after a launch measures the launch, not the work.
+On CUDA each timed region is bracketed by events and the host synchronises only when the numbers are
+read. The first call is reported on its own: it pays one-off costs the steady state does not.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+FIRST_CALL_NOTE = ("the first call pays one-off costs: cuDNN autotuning for each new input shape "
+                   "(with cudnn.benchmark on), lazy CUDA/cuDNN start-up and kernel loading, and "
+                   "the caching allocator's first allocations")
+
+
+@dataclass
+class LatencySummary:
+    """First-call latency against steady-state statistics, in milliseconds; throughput in items/s."""
+
+    first_ms: Optional[float]
+    median_ms: Optional[float]
+    p90_ms: Optional[float]
+    mean_ms: Optional[float]
+    throughput: Optional[float]
+    calls: int
+    items: int
+    device: str
+
+    def as_dict(self) -> dict:
+        """Plain dict, for JSON reports."""
+        return asdict(self)
+
+    def format(self, what: str = "EmoNet forward", unit: str = "crop") -> str:
+        """A short human-readable report, a sentence on the first call included."""
+        if self.first_ms is None:
+            return f"{what}: not timed"
+        lines = [f"{what} latency on {self.device}:",
+                 f"  first call      {self.first_ms:9.2f} ms   ({FIRST_CALL_NOTE})"]
+        if self.median_ms is None:
+            lines.append("  steady state    only one call was made; no steady-state figure")
+        else:
+            lines.append(f"  steady state    {self.median_ms:9.2f} ms median, {self.p90_ms:.2f} ms p90, "
+                         f"{self.mean_ms:.2f} ms mean over {self.calls - 1} calls")
+            lines.append(f"  throughput      {self.throughput:9.1f} {unit}s/s (steady state)")
+        return "\n".join(lines)
+
+
+class LatencyTimer:
+    """Times regions of device work; ``with timer.measure(n_items): model(x)``."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self._cuda = self.device.type == "cuda"
+        self._pending: list[tuple[object, object, int]] = []  # CUDA event pairs not read yet
+        self._ms: list[float] = []
+        self._items: list[int] = []
+
+    @contextlib.contextmanager
+    def measure(self, n_items: int = 1) -> Iterator[None]:
+        """Time the enclosed device work; ``n_items`` is how many crops (frames, ...) it processed."""
+        if self._cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record(torch.cuda.current_stream(self.device))
+            yield
+            end.record(torch.cuda.current_stream(self.device))
+            self._pending.append((start, end, n_items))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self._ms.append((time.perf_counter() - t0) * 1e3)
+            self._items.append(n_items)
+
+    def _collect(self) -> None:
+        for start, end, n in self._pending:
+            end.synchronize()  # the only host wait: reading an event needs its work finished
+            self._ms.append(start.elapsed_time(end))
+            self._items.append(n)
+        self._pending.clear()
+
+    @property
+    def times_ms(self) -> list[float]:
+        """All measured times in order, first call included."""
+        self._collect()
+        return list(self._ms)
+
+    def summary(self) -> LatencySummary:
+        """First call apart; median, p90, mean and throughput over the rest."""
+        self._collect()
+        name = str(self.device)
+        if not self._ms:
+            return LatencySummary(None, None, None, None, None, 0, 0, name)
+        steady, items = self._ms[1:], self._items[1:]
+        if not steady:
+            return LatencySummary(self._ms[0], None, None, None, None, 1, self._items[0], name)
+        return LatencySummary(
+            first_ms=self._ms[0],
+            median_ms=statistics.median(steady),
+            p90_ms=float(np.percentile(steady, 90)),
+            mean_ms=statistics.fmean(steady),
+            throughput=sum(items) / (sum(steady) / 1e3),
+            calls=len(self._ms),
+            items=sum(self._items),
+            device=name,
+        )
+
+
+@dataclass
+class ModelCost:
+    """Parameters and floating-point operations of one forward pass per crop."""
+
+    parameters: int
+    flops_per_crop: int
+
+    def format(self) -> str:
+        """'13.96 M parameters, 33.9 GFLOP per crop'."""
+        return (f"{self.parameters / 1e6:.2f} M parameters, "
+                f"{self.flops_per_crop / 1e9:.1f} GFLOP per crop (multiply-add = 2)")
+
+
+def model_cost(model: nn.Module, input_size: int = 256) -> ModelCost:
+    """Count parameters and FLOPs per crop with ``torch.utils.flop_counter`` on a meta-device copy."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    params = sum(p.numel() for p in model.parameters())
+    # A meta copy costs no memory or compute: FLOP counting only needs shapes.
+    meta = copy.deepcopy(model).to("meta").float().eval()
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        meta(torch.empty(1, 3, input_size, input_size, device="meta"))
+    return ModelCost(params, int(counter.get_total_flops()))

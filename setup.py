@@ -1,0 +1,24 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="emonet",
+    version="0.1.0",
+    description="Facial expression, valence, arousal and landmarks from faces in photos, videos and "
+                "datasets with EmoNet (Toisoul et al., Nature Machine Intelligence 2021)",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["emonet", "emonet.*"]),
+    include_package_data=True,
+    install_requires=[
+        "torch>=2.1",
+        "opencv-python>=4.5",
+        "face-alignment>=1.4",
+        "numpy>=1.22",
+        "tqdm>=4.60",
+    ],
+    extras_require={"test": ["pytest>=7"]},
+    license="MIT (code); the released EmoNet weights are CC BY-NC-ND 4.0",
+)

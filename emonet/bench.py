@@ -1,0 +1,305 @@
+"""``python -m emonet.bench``: the released way of running EmoNet against each engine mode, side by side.
+
+Every mode runs in fresh processes: once with empty on-disk caches (what a first-time user pays) and
+once again with the caches the first run left (what every later start pays). Each process reports
+start-up, warm-up, first-call latency, steady-state batch-1 latency (CUDA events), throughput at
+several batch sizes, peak GPU memory, and whether its outputs agree with fp32 eager on real face crops.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+_T0 = time.perf_counter()  # process start, as near as Python lets us see it
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way of running the network."""
+
+    name: str
+    description: str
+    engine: dict = field(default_factory=dict)   # EngineConfig fields
+    cudnn_benchmark: bool = True
+    deterministic: bool = False
+    compiled: bool = False
+
+
+MODES = [
+    Mode("released", "released way: eager fp32, cudnn.benchmark off", {}, cudnn_benchmark=False),
+    Mode("released+bench", "eager fp32, cudnn.benchmark on", {}),
+    Mode("released+determ", "eager fp32, deterministic mode", {}, deterministic=True),
+    Mode("tf32", "eager tf32, cudnn.benchmark on", {"precision": "tf32"}),
+    Mode("fp16-eager", "eager fp16, channels_last, BN folded", {"precision": "fp16", "channels_last": True,
+                                                               "fold_bn": True}),
+    Mode("fp32-eager", "eager fp32, channels_last, BN folded", {"channels_last": True, "fold_bn": True}),
+    Mode("bf16-eager", "eager bf16, channels_last, BN folded", {"precision": "bf16", "channels_last": True,
+                                                               "fold_bn": True}),
+    Mode("fp16-graph", "fp16, channels_last, BN folded, CUDA graphs",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "cuda_graphs": True}),
+    Mode("fp16-graph-nobench", "fp16-graph with cudnn.benchmark off",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "cuda_graphs": True},
+         cudnn_benchmark=False),
+    Mode("fp16-graph-determ", "fp16-graph in deterministic mode",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "cuda_graphs": True}, deterministic=True),
+    Mode("compile-graph", "torch.compile (default) fp16, channels_last, CUDA graphs",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default",
+          "cuda_graphs": True}, compiled=True),
+    Mode("max-autotune-graph", "torch.compile max-autotune fp16, channels_last, CUDA graphs",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "max-autotune",
+          "cuda_graphs": True}, compiled=True),
+]
+GPU_DEFAULT = ["released", "released+bench", "released+determ", "tf32", "fp16-eager", "bf16-eager",
+               "fp16-graph", "fp16-graph-nobench", "fp16-graph-determ", "compile-graph"]
+CPU_DEFAULT = ["released", "fp32-eager", "bf16-eager"]
+
+
+def real_face_crops(n: int = 16) -> "torch.Tensor":
+    """``n`` real 256x256 face crops (uint8): the test photo's face with small shifts, zooms and flips."""
+    import cv2
+    import numpy as np
+    import torch
+    from .geometry import box_to_matrix, to_tensor, warp_crops
+
+    photo = Path(__file__).resolve().parent.parent / "tests" / "data" / "astronaut.jpg"
+    image = cv2.imread(str(photo))
+    if image is None:
+        raise FileNotFoundError(f"test photo not found: {photo}")
+    image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+    rng = np.random.default_rng(0)
+    box = np.array([175.0, 70.0, 275.0, 185.0])  # the astronaut's face (hand-checked)
+    mats = [box_to_matrix(box + rng.normal(0, 4, 4)) for _ in range(n)]
+    crops = warp_crops(image, mats)
+    crops[1::2] = crops[1::2, :, ::-1]
+    return to_tensor(crops)
+
+
+# -- one mode, in this process ----------------------------------------------------------------
+
+def run_child(args: argparse.Namespace) -> dict:
+    """Measure one mode in this (fresh) process and return the numbers."""
+    import torch
+    from .checkpoints import load_model
+    from .engine import Engine, EngineConfig, compare
+    from .runtime import RuntimeConfig, configure
+    from .timing import LatencyTimer
+
+    mode = next(m for m in MODES if m.name == args.child)
+    result: dict = {"mode": mode.name, "description": mode.description}
+    device = configure(RuntimeConfig(device=args.device, cudnn_benchmark=mode.cudnn_benchmark,
+                                     deterministic=mode.deterministic))
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    result["import_s"] = time.perf_counter() - _T0
+
+    t = time.perf_counter()
+    model = load_model(args.weights, n_expression=args.nclasses, device="cpu")
+    batch_sizes = sorted(set([1] + args.batch_sizes))
+    config = EngineConfig(**mode.engine, batch_sizes=tuple(batch_sizes), warmup=args.warmup and
+                          bool(mode.engine), cache_dir=args.cache_dir)
+    engine = Engine(model, device, config, log=lambda msg: None)
+    sync()
+    result["load_s"] = time.perf_counter() - t
+    result["warmup_s"] = (engine.warmup_ms or 0.0) / 1e3
+    result["engine"] = engine.config.name
+
+    crop = real_face_crops(1).to(device)
+    sync()
+    timer = LatencyTimer(device)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    with timer.measure(1):
+        engine(crop)
+    sync()
+    result["time_to_first_result_s"] = time.perf_counter() - _T0
+    for _ in range(args.iters):
+        with timer.measure(1):
+            engine(crop)
+    s = timer.summary()
+    result.update(first_call_ms=s.first_ms, b1_median_ms=s.median_ms, b1_p90_ms=s.p90_ms,
+                  b1_mean_ms=s.mean_ms)
+    if cuda:
+        sync()
+        result["peak_mem_b1_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+
+    throughput = {}
+    for bs in [b for b in batch_sizes if b > 1]:
+        x = real_face_crops(bs).to(device)
+        bt = LatencyTimer(device)
+        for _ in range(2 if args.quick else max(3, args.iters // 10) + 1):
+            with bt.measure(bs):
+                engine(x)
+        throughput[str(bs)] = bt.summary().throughput
+    result["throughput"] = throughput
+
+    if mode.engine:  # fast modes are checked against fp32 eager on real face crops
+        agreement = compare(engine, model.to(device), real_face_crops(8 if args.quick else 32).to(device))
+        result["check"] = agreement.format()
+        result["check_ok"] = agreement.ok
+    return result
+
+
+# -- the whole comparison, one fresh process per measurement ------------------------------------
+
+def _spawn(mode: str, args: argparse.Namespace, cache_dir: str) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
+        out = fh.name
+    cmd = [sys.executable, "-m", "emonet.bench", "--child", mode, "--child-out", out,
+           "--device", args.device, "--weights", args.weights, "--iters", str(args.iters),
+           "--batch-sizes", ",".join(map(str, args.batch_sizes)), "--cache-dir", cache_dir]
+    if args.quick:
+        cmd.append("--quick")
+    if args.nclasses:
+        cmd += ["--nclasses", str(args.nclasses)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    try:
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            return {"mode": mode, "error": tail[:300], "process_s": wall}
+        result = json.loads(Path(out).read_text())
+        result["process_s"] = wall
+        return result
+    finally:
+        Path(out).unlink(missing_ok=True)
+
+
+def _fmt(v, spec=".2f", none="–") -> str:
+    return none if v is None else format(v, spec)
+
+
+def _table(rows: list[dict]) -> list[str]:
+    head = ["mode", "first call cold (ms)", "warm-up cold (s)", "first call warm caches (ms)",
+            "start→first result warm (s)", "b1 median (ms)", "b1 p90 (ms)", "best crops/s (batch)",
+            "peak mem b1 (MB)", "vs fp32"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cold, warm = r.get("cold", {}), r.get("warm", {})
+        if "error" in cold:
+            lines.append(f"| {r['mode']} | failed: {cold['error']} |" + " |" * (len(head) - 2))
+            continue
+        tp = cold.get("throughput") or {}
+        best = max(tp.items(), key=lambda kv: kv[1]) if tp else None
+        check = "—" if "check_ok" not in cold else ("same" if cold["check_ok"] else "DIFFERS")
+        lines.append("| " + " | ".join([
+            r["mode"], _fmt(cold.get("first_call_ms")), _fmt(cold.get("warmup_s")),
+            _fmt(warm.get("first_call_ms")), _fmt(warm.get("time_to_first_result_s"), ".1f"),
+            _fmt(cold.get("b1_median_ms")), _fmt(cold.get("b1_p90_ms")),
+            f"{best[1]:,.0f} ({best[0]})" if best else "–", _fmt(cold.get("peak_mem_b1_mb"), ".0f"),
+            check]) + " |")
+    return lines
+
+
+def _throughput_table(rows: list[dict], batch_sizes: list[int]) -> list[str]:
+    bs = [b for b in batch_sizes if b > 1]
+    lines = ["| mode | " + " | ".join(f"batch {b}" for b in bs) + " |", "|---|" + "---|" * len(bs)]
+    for r in rows:
+        tp = r.get("cold", {}).get("throughput") or {}
+        lines.append(f"| {r['mode']} | " + " | ".join(_fmt(tp.get(str(b)), ",.0f") for b in bs) + " |")
+    return lines
+
+
+def environment(device: str) -> dict:
+    """Device and software versions for the report."""
+    import torch
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "cudnn": torch.backends.cudnn.version(), "platform": platform.platform(),
+           "cpu_count": os.cpu_count(), "device": device}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+    return env
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of ``python -m emonet.bench``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m emonet.bench",
+        description="Benchmark EmoNet: the released way (eager fp32, batch 1) against each engine mode. "
+                    "Each mode runs in fresh processes, with cold then warm on-disk caches.")
+    parser.add_argument("--device", default=None, help="cuda:0 (default when a GPU exists) or cpu")
+    parser.add_argument("--weights", default="random",
+                        help="checkpoint path, 'pretrained' or 'random' (default: random; timings do not "
+                             "depend on the weights)")
+    parser.add_argument("--nclasses", type=int, default=None, choices=[5, 8])
+    parser.add_argument("--modes", default=None,
+                        help=f"comma-separated; available: {', '.join(m.name for m in MODES)}")
+    parser.add_argument("--batch-sizes", default=None, help="throughput batch sizes (default 8,32,128,256)")
+    parser.add_argument("--iters", type=int, default=None, help="timed batch-1 calls per mode (default 200)")
+    parser.add_argument("--quick", action="store_true", help="few iterations and small batches (CPU: < 1 min)")
+    parser.add_argument("--no-warm-rerun", action="store_true",
+                        help="skip the second, warm-cache process of compiled modes")
+    parser.add_argument("--json", default="bench.json", help="JSON report (default bench.json)")
+    parser.add_argument("--markdown", default="bench.md", help="Markdown report (default bench.md)")
+    parser.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    import torch
+    if args.device is None:
+        args.device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    cpu = args.device == "cpu"
+    args.batch_sizes = [int(b) for b in (args.batch_sizes or ("8" if args.quick or cpu else "8,32,128,256"))
+                        .split(",")]
+    args.iters = args.iters or (3 if args.quick else (10 if cpu else 200))
+
+    if args.child:
+        result = run_child(args)
+        Path(args.child_out).write_text(json.dumps(result))
+        return 0
+
+    names = args.modes.split(",") if args.modes else (CPU_DEFAULT if cpu else GPU_DEFAULT)
+    unknown = [n for n in names if n not in {m.name for m in MODES}]
+    if unknown:
+        parser.error(f"unknown mode(s) {', '.join(unknown)}; available: {', '.join(m.name for m in MODES)}")
+
+    from tqdm import tqdm
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="emonet-bench-") as tmp:
+        for name in tqdm(names, desc="modes", unit="mode", file=sys.stderr):
+            cache = str(Path(tmp) / name)  # empty: a cold start for this mode
+            row = {"mode": name, "cold": _spawn(name, args, cache)}
+            # Only compiled modes keep anything on disk; an eager mode's second start equals its first.
+            compiled = next(m for m in MODES if m.name == name).compiled
+            if compiled and not args.no_warm_rerun and "error" not in row["cold"]:
+                row["warm"] = _spawn(name, args, cache)
+            rows.append(row)
+            tqdm.write(_table([row])[-1], file=sys.stderr)
+            if args.json:  # partial results survive an interrupted run
+                Path(args.json).write_text(json.dumps({"partial": True, "modes": rows}, indent=2))
+
+    env = environment(args.device)
+    command = "python -m emonet.bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    lines = [f"Command: `{command}`", "",
+             f"Device: {env.get('gpu', 'CPU')} ({args.device}); torch {env['torch']}, CUDA {env['cuda']}, "
+             f"cuDNN {env['cudnn']}, Python {env['python']}, {env['cpu_count']} CPU cores", "",
+             *_table(rows), "", "Throughput (crops/s, steady state):", "",
+             *_throughput_table(rows, args.batch_sizes), ""]
+    for r in rows:
+        if r["cold"].get("check"):
+            lines.append(f"- {r['mode']}: {r['cold']['check']}")
+    text = "\n".join(lines)
+    print(text)
+    report = {"command": command, "environment": env, "modes": rows}
+    for path, content in ((args.json, json.dumps(report, indent=2)), (args.markdown, text + "\n")):
+        if path:
+            tmp_path = Path(f"{path}.tmp")
+            tmp_path.write_text(content)
+            os.replace(tmp_path, path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

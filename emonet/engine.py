@@ -1,0 +1,274 @@
+"""The inference engine: EmoNet as fast as the device allows, one object the tools share.
+
+Fast modes, each a switch: reduced precision (fp16/bf16/tf32), channels_last, exact BatchNorm folding
+(only the two places where a BN directly follows a convolution: stem ``conv1``->``bn1`` and
+``conv_last{i}``->``bn_end{i}``; every other BN precedes its ReLU and convolution and cannot be folded
+exactly), ``torch.compile`` with its caches on disk, and CUDA graphs for fixed batch sizes (a smaller
+batch is padded up to the next captured size). A warm-up at load time pays cuDNN autotuning,
+compilation and graph capture before the first real frame, and its cost is reported on its own.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .models import EmoNet
+from .runtime import RuntimeConfig
+
+OUTPUT_KEYS = ("heatmap", "expression", "valence", "arousal")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs EmoNet. ``EngineConfig()`` is the plain eager fp32 model."""
+
+    precision: str = "fp32"                 # fp32 | tf32 | fp16 | bf16
+    channels_last: bool = False
+    fold_bn: bool = False
+    compile: Optional[str] = None           # None | "default" | "max-autotune"
+    cuda_graphs: bool = False
+    batch_sizes: Sequence[int] = (1,)       # captured (graphs) or warmed-up batch sizes; larger input is chunked
+    warmup: bool = True
+    cache_dir: Optional[str] = None         # torch.compile caches; default ~/.cache/emonet/compile
+
+    @property
+    def name(self) -> str:
+        """Short label, e.g. 'fp16+cl+fold+graph'."""
+        parts = [self.precision]
+        if self.channels_last:
+            parts.append("cl")
+        if self.fold_bn:
+            parts.append("fold")
+        if self.compile:
+            parts.append("compile" if self.compile == "default" else self.compile)
+        if self.cuda_graphs:
+            parts.append("graph")
+        return "+".join(parts)
+
+
+PRESETS: Dict[str, EngineConfig] = {
+    "eager": EngineConfig(),
+    "fast": EngineConfig(precision="fp16", channels_last=True, fold_bn=True, cuda_graphs=True),
+    "compiled": EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="default",
+                             cuda_graphs=True),
+    "max": EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="max-autotune",
+                        cuda_graphs=True),
+}
+
+
+def _fold(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
+    """A convolution equal to ``bn(conv(x))`` with BN in inference mode."""
+    fused = copy.deepcopy(conv)
+    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+    bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
+    with torch.no_grad():
+        fused.weight.copy_(conv.weight * scale.reshape(-1, 1, 1, 1))
+        fused.bias = nn.Parameter((bias - bn.running_mean) * scale + bn.bias)
+    return fused
+
+
+def fold_batchnorm(model: EmoNet) -> EmoNet:
+    """A copy of ``model`` with each BatchNorm that directly follows a convolution folded into it."""
+    model = copy.deepcopy(model).eval()
+    pairs = [("conv1", "bn1")] + [(f"conv_last{i}", f"bn_end{i}") for i in range(model.n_stacks)]
+    for conv_name, bn_name in pairs:
+        setattr(model, conv_name, _fold(getattr(model, conv_name), getattr(model, bn_name)))
+        setattr(model, bn_name, nn.Identity())
+    return model
+
+
+def _compile_cache_dir(config: EngineConfig) -> Path:
+    if config.cache_dir:
+        return Path(config.cache_dir)
+    return Path(os.environ.get("EMONET_HOME", Path.home() / ".cache" / "emonet")) / "compile"
+
+
+class Engine:
+    """Runs EmoNet on batches of 256x256 crops; ``engine(crops)`` returns float32 outputs on the device.
+
+    ``crops``: ``(N, 3, 256, 256)``, uint8 in [0, 255] or float in [0, 1], on any device.
+    """
+
+    def __init__(self, model: EmoNet, device: torch.device | str, config: EngineConfig = EngineConfig(),
+                 log=None) -> None:
+        self.device = torch.device(device)
+        self.requested = config
+        self.config = self._available(config)
+        self.n_expression = model.n_expression
+        self.class_names = model.class_names
+        self.untrained = model.untrained
+        self.weights_source = model.weights_source
+        self.warmup_ms: Optional[float] = None
+        self._log = log or (lambda msg: print(msg, file=sys.stderr))
+        self._dtype = RuntimeConfig(precision=self.config.precision).dtype
+
+        net = fold_batchnorm(model) if self.config.fold_bn else copy.deepcopy(model).eval()
+        net = net.to(self.device, self._dtype)
+        if self.config.channels_last:
+            net = net.to(memory_format=torch.channels_last)
+        self.model = net
+        self._forward = self._compiled(net) if self.config.compile else net
+        self._graphs: Dict[int, tuple] = {}  # batch size -> (graph, static input, static outputs)
+        if self.config.warmup:
+            self.warmup()
+
+    # -- configuration -------------------------------------------------------------------------
+    def _available(self, config: EngineConfig) -> EngineConfig:
+        """Drop the modes this device cannot run, saying so once."""
+        cuda = self.device.type == "cuda"
+        changes, notes = {}, []
+        if config.cuda_graphs and not cuda:
+            changes["cuda_graphs"] = False
+            notes.append("CUDA graphs need a GPU")
+        if config.precision == "fp16" and not cuda:
+            changes["precision"] = "bf16"  # fp16 convolutions on the CPU are slow or missing
+            notes.append("fp16 on the CPU runs as bf16")
+        elif config.precision == "bf16" and cuda and not torch.cuda.is_bf16_supported():
+            changes["precision"] = "fp16"
+            notes.append("this GPU has no bf16; using fp16")
+        if notes:
+            print(f"engine: {'; '.join(notes)}", file=sys.stderr)
+        return replace(config, **changes)
+
+    def _compiled(self, net: nn.Module):
+        cache = _compile_cache_dir(self.config)
+        cache.mkdir(parents=True, exist_ok=True)
+        # Inductor reads these when it first compiles: a second process then reuses the compiled
+        # kernels and autotuning results instead of paying for them again.
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+        os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
+        os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+        os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+        try:
+            import torch._inductor.config as inductor_config
+            inductor_config.freezing = True  # weights as constants: lets inductor fold and pre-layout them
+        except Exception:  # pragma: no cover - an inductor without these knobs still compiles
+            pass
+        mode = "max-autotune-no-cudagraphs" if self.config.compile == "max-autotune" else "default"
+        return torch.compile(net, mode=mode, dynamic=False, fullgraph=True)
+
+    # -- running -------------------------------------------------------------------------------
+    def _prepare(self, crops: torch.Tensor) -> torch.Tensor:
+        x = crops.to(self.device, non_blocking=True)
+        if x.dtype == torch.uint8:
+            x = x.float().div_(255.0)
+        x = x.to(self._dtype)
+        if self.config.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def _call_model(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+        if self.config.compile and x.shape[0] > 1:
+            # One compiled graph serves every batch size > 1 (1 is always specialised): convolutions
+            # stay cuDNN calls chosen at run time, so a dynamic batch costs little and saves a
+            # compilation per size.
+            torch._dynamo.mark_dynamic(x, 0)
+        return self._forward(x)
+
+    def _run_eager(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
+        with torch.inference_mode():
+            out = self._call_model(self._prepare(crops))
+        return {k: out[k].float() for k in OUTPUT_KEYS}
+
+    def _capture(self, batch: int, dtype_in: torch.dtype) -> tuple:
+        static_in = torch.zeros(batch, 3, 256, 256, device=self.device, dtype=dtype_in)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):  # autotuning and compilation happen here, outside the capture
+                self._call_model(self._prepare(static_in))
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph), torch.inference_mode():
+            out = self._call_model(self._prepare(static_in))
+            static_out = {k: out[k].float() for k in OUTPUT_KEYS}
+        return graph, static_in, static_out
+
+    def _run_fixed(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Pad to the next configured batch size: graphs and compiled code are specialised to shapes."""
+        n = crops.shape[0]
+        batch = min(b for b in self.config.batch_sizes if b >= n)
+        if not self.config.cuda_graphs:
+            if n < batch:
+                crops = torch.cat([crops, crops[-1:].expand(batch - n, -1, -1, -1)])
+            return {k: v[:n] for k, v in self._run_eager(crops).items()}
+        key = (batch, crops.dtype)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(batch, crops.dtype)
+        graph, static_in, static_out = self._graphs[key]
+        static_in[:n].copy_(crops, non_blocking=True)  # rows past n keep old data: BN is per-sample
+        graph.replay()
+        return {k: v[:n].clone() for k, v in static_out.items()}
+
+    def __call__(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
+        if crops.ndim != 4 or tuple(crops.shape[1:]) != (3, 256, 256):
+            raise ValueError(f"expected crops of shape (N, 3, 256, 256), got {tuple(crops.shape)}")
+        if crops.shape[0] == 0:
+            return {k: v[:0] for k, v in self._run_eager(crops[:1].new_zeros(1, 3, 256, 256)).items()}
+        if not (self.config.cuda_graphs or self.config.compile):
+            return self._run_eager(crops)
+        largest = max(self.config.batch_sizes)
+        outs = [self._run_fixed(crops[i:i + largest]) for i in range(0, crops.shape[0], largest)]
+        if len(outs) == 1:
+            return outs[0]
+        return {k: torch.cat([o[k] for o in outs]) for k in OUTPUT_KEYS}
+
+    def warmup(self, dtype_in: torch.dtype = torch.uint8) -> float:
+        """Run every configured batch size once so real frames do not pay autotuning; returns ms."""
+        t0 = time.perf_counter()
+        for batch in self.config.batch_sizes:
+            self(torch.zeros(batch, 3, 256, 256, dtype=dtype_in, device=self.device))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.warmup_ms = (time.perf_counter() - t0) * 1e3
+        self._log(f"engine warm-up ({self.config.name}, batch sizes "
+                  f"{', '.join(map(str, self.config.batch_sizes))}): {self.warmup_ms / 1e3:.2f} s "
+                  f"(cuDNN autotuning{', compilation' if self.config.compile else ''}"
+                  f"{', graph capture' if self.config.cuda_graphs else ''}), paid once at load")
+        return self.warmup_ms
+
+
+@dataclass
+class Agreement:
+    """How a fast mode's outputs compare with fp32 eager on the same crops."""
+
+    n: int
+    argmax_agreement: float
+    max_valence_diff: float
+    max_arousal_diff: float
+    tolerance: float = 0.01
+
+    @property
+    def ok(self) -> bool:
+        """Same arg-max everywhere; valence and arousal within the tolerance."""
+        return (self.argmax_agreement == 1.0 and self.max_valence_diff <= self.tolerance
+                and self.max_arousal_diff <= self.tolerance)
+
+    def format(self) -> str:
+        """One line for reports."""
+        return (f"{'OK' if self.ok else 'MISMATCH'}: arg-max agreement {self.argmax_agreement:.0%} "
+                f"over {self.n} crops, max |dV| {self.max_valence_diff:.4f}, max |dA| "
+                f"{self.max_arousal_diff:.4f} (tolerance {self.tolerance})")
+
+
+def compare(engine: Engine, reference: EmoNet, crops: torch.Tensor) -> Agreement:
+    """Compare ``engine`` with the fp32 eager ``reference`` model on ``crops`` (uint8 or float in [0, 1])."""
+    ref_dev = next(reference.parameters()).device
+    x = crops.float() / 255.0 if crops.dtype == torch.uint8 else crops.float()
+    with torch.inference_mode():
+        ref = reference.float().eval()(x.to(ref_dev))
+    got = engine(crops)
+    ref_cls = ref["expression"].argmax(1).cpu()
+    got_cls = got["expression"].argmax(1).cpu()
+    def diff(key: str) -> float:
+        return float((got[key].cpu().clamp(-1, 1) - ref[key].cpu().clamp(-1, 1)).abs().max())
+    return Agreement(n=len(crops), argmax_agreement=float((ref_cls == got_cls).float().mean()),
+                     max_valence_diff=diff("valence"), max_arousal_diff=diff("arousal"))

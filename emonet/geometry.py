@@ -1,0 +1,102 @@
+"""Crop geometry (spec §5): boxes to 256x256 crops, and landmarks from heatmaps back to the image.
+
+A crop is described by a 2x3 affine matrix that maps image coordinates to crop coordinates: the square
+of side ``200 * scale`` centred on ``center`` becomes the ``size x size`` crop.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import cv2
+import numpy as np
+import torch
+
+CROP_SIZE = 256
+LANDMARK_REFERENCE_SCALE = 220.0   # training/evaluation crops from the 68-landmark box
+S3FD_REFERENCE_SCALE = 195.0       # FAN convention for S3FD detector boxes
+DETECTOR_SHIFT = 0.12              # detector box centre moved up by this fraction of the box height
+
+
+def center_scale_from_box(box: Sequence[float], reference_scale: float = LANDMARK_REFERENCE_SCALE,
+                          shift: float = 0.0) -> tuple[np.ndarray, float]:
+    """Centre and scale of a crop from a box ``[x1, y1, x2, y2]``: ``scale = (w + h) / reference_scale``."""
+    x1, y1, x2, y2 = (float(v) for v in box[:4])
+    w, h = x2 - x1, y2 - y1
+    center = np.array([(x1 + x2) / 2.0, (y1 + y2) / 2.0 - shift * h])
+    return center, (w + h) / reference_scale
+
+
+def crop_matrix(center: Sequence[float], scale: float, size: int = CROP_SIZE) -> np.ndarray:
+    """The 2x3 affine mapping the square of side ``200 * scale`` around ``center`` onto the crop."""
+    s = size / (200.0 * scale)
+    cx, cy = float(center[0]), float(center[1])
+    return np.array([[s, 0.0, size / 2.0 - s * cx], [0.0, s, size / 2.0 - s * cy]], dtype=np.float64)
+
+
+def box_to_matrix(box: Sequence[float], reference_scale: float = LANDMARK_REFERENCE_SCALE,
+                  shift: float = 0.0, size: int = CROP_SIZE) -> np.ndarray:
+    """Crop matrix for a box, by the landmark convention (defaults) or a detector's."""
+    center, scale = center_scale_from_box(box, reference_scale, shift)
+    return crop_matrix(center, scale, size)
+
+
+def landmarks_box(landmarks: np.ndarray) -> np.ndarray:
+    """Tight box ``[x1, y1, x2, y2]`` around ``(68, 2)`` landmarks."""
+    pts = np.asarray(landmarks, dtype=np.float64)
+    return np.concatenate([pts.min(axis=0), pts.max(axis=0)])
+
+
+def warp_crops(image: np.ndarray, matrices: Sequence[np.ndarray], size: int = CROP_SIZE) -> np.ndarray:
+    """Warp an ``(H, W, 3)`` uint8 image into ``(N, size, size, 3)`` crops; bilinear, zero border."""
+    out = np.zeros((len(matrices), size, size, 3), dtype=np.uint8)
+    for i, m in enumerate(matrices):
+        cv2.warpAffine(image, np.asarray(m, dtype=np.float64), (size, size), dst=out[i],
+                       flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    return out
+
+
+def to_tensor(crops: np.ndarray) -> torch.Tensor:
+    """``(N, H, W, 3)`` uint8 RGB crops to an ``(N, 3, H, W)`` uint8 tensor (the engine scales to [0, 1])."""
+    return torch.from_numpy(np.ascontiguousarray(crops)).permute(0, 3, 1, 2).contiguous()
+
+
+def invert(matrix: np.ndarray) -> np.ndarray:
+    """Inverse of a 2x3 affine matrix."""
+    return cv2.invertAffineTransform(np.asarray(matrix, dtype=np.float64))
+
+
+def apply(matrix: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """Apply a 2x3 affine matrix to ``(..., 2)`` points."""
+    pts = np.asarray(points, dtype=np.float64)
+    m = np.asarray(matrix, dtype=np.float64)
+    return pts @ m[:, :2].T + m[:, 2]
+
+
+def decode_heatmaps(heatmaps: torch.Tensor, size: int = CROP_SIZE) -> np.ndarray:
+    """``(N, 68, h, w)`` heatmaps to ``(N, 68, 2)`` (x, y) in crop pixels (spec §5).
+
+    Per channel: the arg-max, moved a quarter pixel towards the larger neighbour on each axis, then
+    scaled from the heatmap grid to the crop (x4 for 64 -> 256).
+    """
+    hm = heatmaps.detach().float()
+    n, c, h, w = hm.shape
+    flat = hm.reshape(n, c, h * w)
+    idx = flat.argmax(dim=2)
+    x, y = (idx % w), torch.div(idx, w, rounding_mode="floor")
+    xf, yf = x.float(), y.float()
+    # Neighbours, clamped at the border where the shift is then zero (both sides read the same pixel).
+    def at(yy, xx):
+        return flat.gather(2, (yy.clamp(0, h - 1) * w + xx.clamp(0, w - 1)).unsqueeze(2)).squeeze(2)
+    inner_x = (x > 0) & (x < w - 1)
+    inner_y = (y > 0) & (y < h - 1)
+    dx = torch.sign(at(y, x + 1) - at(y, x - 1)) * inner_x
+    dy = torch.sign(at(y + 1, x) - at(y - 1, x)) * inner_y
+    coords = torch.stack([xf + 0.25 * dx, yf + 0.25 * dy], dim=2) * (size / w)
+    return coords.cpu().numpy().astype(np.float64)
+
+
+def landmarks_to_image(heatmaps: torch.Tensor, matrices: Sequence[np.ndarray]) -> np.ndarray:
+    """Landmarks in image coordinates: decode the heatmaps, then undo each face's crop warp."""
+    crop_pts = decode_heatmaps(heatmaps)
+    return np.stack([apply(invert(m), p) for m, p in zip(matrices, crop_pts)]) if len(crop_pts) else \
+        np.zeros((0, heatmaps.shape[1], 2))

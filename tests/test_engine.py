@@ -1,0 +1,79 @@
+import pytest
+import torch
+
+import emonet
+from emonet.bench import real_face_crops
+from emonet.engine import Engine, EngineConfig, compare, fold_batchnorm
+
+
+@pytest.fixture(scope="module")
+def reference_model(reference_dir):
+    return emonet.load_model(reference_dir / "emonet8_reference.pth", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def crops():
+    return real_face_crops(4)
+
+
+def test_batchnorm_folding_is_exact(reference_model, crops):
+    folded = fold_batchnorm(reference_model)
+    assert isinstance(folded.bn1, torch.nn.Identity) and isinstance(folded.bn_end1, torch.nn.Identity)
+    assert not isinstance(reference_model.bn1, torch.nn.Identity)  # the original is untouched
+    x = crops.float() / 255
+    with torch.no_grad():
+        a, b = reference_model(x), folded(x)
+    for key in a:
+        assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-4), key
+
+
+def test_eager_fp32_engine_equals_the_model(reference_model, crops):
+    engine = Engine(reference_model, "cpu", EngineConfig(warmup=False))
+    with torch.no_grad():
+        ref = reference_model(crops.float() / 255)
+    out = engine(crops)
+    for key in ref:
+        assert out[key].dtype == torch.float32
+        assert torch.allclose(out[key], ref[key], rtol=1e-5, atol=1e-5), key
+
+
+@pytest.mark.parametrize("config", [
+    EngineConfig(channels_last=True, fold_bn=True, warmup=False),
+    EngineConfig(precision="bf16", channels_last=True, fold_bn=True, warmup=False),
+])
+def test_fast_modes_agree_with_fp32_on_real_face_crops(reference_model, crops, config):
+    agreement = compare(Engine(reference_model, "cpu", config), reference_model, crops)
+    assert agreement.argmax_agreement == 1.0, agreement.format()
+    # bf16 keeps 8 bits of mantissa: on the CPU it lands within a few hundredths; fp32 far under 0.01.
+    tol = 0.01 if config.precision == "fp32" else 0.05
+    assert agreement.max_valence_diff <= tol and agreement.max_arousal_diff <= tol, agreement.format()
+
+
+def test_unavailable_modes_fall_back_cleanly_on_the_cpu(reference_model, capsys):
+    engine = Engine(reference_model, "cpu", EngineConfig(precision="fp16", cuda_graphs=True, warmup=False))
+    assert engine.config.precision == "bf16" and not engine.config.cuda_graphs
+    assert "CUDA graphs need a GPU" in capsys.readouterr().err
+
+
+def test_uneven_and_empty_batches(reference_model, crops):
+    engine = Engine(reference_model, "cpu", EngineConfig(batch_sizes=(1, 2), warmup=False))
+    assert engine(crops[:3])["expression"].shape == (3, 8)
+    assert engine(crops[:0])["valence"].shape == (0,)
+    with pytest.raises(ValueError, match=r"expected crops of shape \(N, 3, 256, 256\)"):
+        engine(torch.zeros(1, 3, 128, 128))
+
+
+def test_warmup_is_timed_and_reported(reference_model):
+    lines = []
+    engine = Engine(reference_model, "cpu", EngineConfig(batch_sizes=(1,)), log=lines.append)
+    assert engine.warmup_ms and engine.warmup_ms > 0
+    assert "warm-up" in lines[0] and "paid once at load" in lines[0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_graph_mode_agrees_with_fp32(reference_model):
+    engine = Engine(reference_model, "cuda:0", EngineConfig(precision="fp16", channels_last=True,
+                                                            fold_bn=True, cuda_graphs=True,
+                                                            batch_sizes=(1, 8)))
+    agreement = compare(engine, reference_model.to("cuda:0"), real_face_crops(11))
+    assert agreement.ok, agreement.format()

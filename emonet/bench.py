@@ -54,6 +54,9 @@ MODES = [
     Mode("compile-graph", "torch.compile (default) fp16, channels_last, CUDA graphs",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default",
           "cuda_graphs": True}, compiled=True),
+    Mode("compile-freeze-graph", "compile-graph with inductor freezing (no on-disk graph cache)",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default", "freeze": True,
+          "cuda_graphs": True}, compiled=True),
     Mode("max-autotune-graph", "torch.compile max-autotune fp16, channels_last, CUDA graphs",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "max-autotune",
           "cuda_graphs": True}, compiled=True),
@@ -146,6 +149,40 @@ def run_child(args: argparse.Namespace) -> dict:
         result["check"] = agreement.format()
         result["check_ok"] = agreement.ok
     return result
+
+
+def profile(mode_name: str, batch: int, device: str, weights: str = "random", steps: int = 20) -> str:
+    """Kernel count per forward and the top CUDA kernels of one mode at one batch size (torch.profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from .checkpoints import load_model
+    from .engine import Engine, EngineConfig
+    from .runtime import RuntimeConfig, configure
+
+    mode = next(m for m in MODES if m.name == mode_name)
+    dev = configure(RuntimeConfig(device=device, cudnn_benchmark=mode.cudnn_benchmark,
+                                  deterministic=mode.deterministic))
+    engine = Engine(load_model(weights, device="cpu"), dev,
+                    EngineConfig(**mode.engine, batch_sizes=(batch,)), log=lambda m: None)
+    x = real_face_crops(batch).to(dev)
+    for _ in range(3):
+        engine(x)
+    torch.cuda.synchronize(dev)
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine(x)
+        torch.cuda.synchronize(dev)
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    launches = sum(e.count for e in kernels) / steps
+    total = sum(e.device_time_total for e in kernels) / steps
+    rows = sorted(kernels, key=lambda e: e.device_time_total, reverse=True)[:12]
+    lines = [f"{mode_name} at batch {batch}: {launches:.0f} kernels per forward, {total / 1e3:.3f} ms of "
+             f"GPU time per forward", "", "| kernel | calls/forward | ms/forward | share |", "|---|---|---|---|"]
+    for e in rows:
+        name = e.key.replace("|", "/")[:90]
+        lines.append(f"| `{name}` | {e.count / steps:.0f} | {e.device_time_total / steps / 1e3:.3f} | "
+                     f"{e.device_time_total / max(total * steps, 1e-9):.0%} |")
+    return "\n".join(lines)
 
 
 # -- the whole comparison, one fresh process per measurement ------------------------------------
@@ -241,6 +278,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="skip the second, warm-cache process of compiled modes")
     parser.add_argument("--json", default="bench.json", help="JSON report (default bench.json)")
     parser.add_argument("--markdown", default="bench.md", help="Markdown report (default bench.md)")
+    parser.add_argument("--profile", default=None, metavar="MODE:BATCH",
+                        help="instead of benchmarking, profile one mode at one batch size (GPU), e.g. "
+                             "compile-graph:1")
     parser.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
@@ -255,6 +295,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                         .split(",")]
     args.iters = args.iters or (3 if args.quick else (10 if cpu else 200))
 
+    if args.profile:
+        mode_name, _, batch = args.profile.partition(":")
+        if mode_name not in {m.name for m in MODES}:
+            parser.error(f"unknown mode {mode_name!r}")
+        print(profile(mode_name, int(batch or 1), args.device, args.weights))
+        return 0
     if args.child:
         result = run_child(args)
         Path(args.child_out).write_text(json.dumps(result))

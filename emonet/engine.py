@@ -34,6 +34,7 @@ class EngineConfig:
     channels_last: bool = False
     fold_bn: bool = False
     compile: Optional[str] = None           # None | "default" | "max-autotune"
+    freeze: bool = False                    # inductor freezing: constant-folds weights, but bypasses the on-disk graph cache
     cuda_graphs: bool = False
     batch_sizes: Sequence[int] = (1,)       # captured (graphs) or warmed-up batch sizes; larger input is chunked
     warmup: bool = True
@@ -147,11 +148,8 @@ class Engine:
         os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
         os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
         os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
-        try:
-            import torch._inductor.config as inductor_config
-            inductor_config.freezing = True  # weights as constants: lets inductor fold and pre-layout them
-        except Exception:  # pragma: no cover - an inductor without these knobs still compiles
-            pass
+        import torch._inductor.config as inductor_config
+        inductor_config.freezing = self.config.freeze
         mode = "max-autotune-no-cudagraphs" if self.config.compile == "max-autotune" else "default"
         return torch.compile(net, mode=mode, dynamic=False, fullgraph=True)
 

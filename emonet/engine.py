@@ -227,10 +227,12 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.warmup_ms = (time.perf_counter() - t0) * 1e3
+        paid = [name for name, on in (("cuDNN autotuning", self.device.type == "cuda"),
+                                      ("compilation", bool(self.config.compile)),
+                                      ("CUDA graph capture", self.config.cuda_graphs)) if on]
         self._log(f"engine warm-up ({self.config.name}, batch sizes "
                   f"{', '.join(map(str, self.config.batch_sizes))}): {self.warmup_ms / 1e3:.2f} s "
-                  f"(cuDNN autotuning{', compilation' if self.config.compile else ''}"
-                  f"{', graph capture' if self.config.cuda_graphs else ''}), paid once at load")
+                  f"({', '.join(paid) or 'first-call allocations'}), paid once at load")
         return self.warmup_ms
 
 

@@ -20,6 +20,8 @@ from torch import nn
 FIRST_CALL_NOTE = ("the first call pays one-off costs: cuDNN autotuning for each new input shape "
                    "(with cudnn.benchmark on), lazy CUDA/cuDNN start-up and kernel loading, and "
                    "the caching allocator's first allocations")
+FIRST_CALL_NOTE_CPU = ("the first call pays one-off costs: oneDNN kernel selection and the first "
+                       "memory allocations")
 
 
 @dataclass
@@ -44,7 +46,8 @@ class LatencySummary:
         if self.first_ms is None:
             return f"{what}: not timed"
         lines = [f"{what} latency on {self.device}:",
-                 f"  first call      {self.first_ms:9.2f} ms   ({FIRST_CALL_NOTE})"]
+                 f"  first call      {self.first_ms:9.2f} ms   "
+                 f"({FIRST_CALL_NOTE if self.device.startswith('cuda') else FIRST_CALL_NOTE_CPU})"]
         if self.median_ms is None:
             lines.append("  steady state    only one call was made; no steady-state figure")
         else:

@@ -1,0 +1,166 @@
+"""Face detection: one small interface, several backends (after face-alignment's detector interface).
+
+- ``blazeface`` (default): MediaPipe's BlazeFace in PyTorch on the model's device, with face-alignment's
+  network and weights converted from the MediaPipe TFLite files (``pretrained/blazeface.pth``, made by
+  ``tools/convert_blazeface.py``). Works offline. The whole image is letterboxed, never centre-cropped.
+- ``sfd``: face-alignment's S3FD, the released demo's detector; its weights download on first use.
+- ``none``: the image already is a face crop; it is resized whole to 256x256 as the released demo does.
+
+``detect(images)`` takes RGB uint8 ``(H, W, 3)`` arrays and returns, per image, an ``(k, 5)`` float
+array of ``x1, y1, x2, y2, score`` in image pixels.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import cv2
+import numpy as np
+import torch
+
+from .geometry import CROP_SIZE, DETECTOR_SHIFT, S3FD_REFERENCE_SCALE, box_to_matrix
+
+BLAZEFACE_WEIGHTS = Path(__file__).resolve().parent.parent / "pretrained" / "blazeface.pth"
+DETECTORS = ("blazeface", "sfd", "none")
+
+
+class DetectorError(Exception):
+    """A detector cannot be set up (weights missing, offline download, ...); the message says what to do."""
+
+
+class FaceDetector:
+    """Base class: find faces, and say how a box of this detector becomes a crop."""
+
+    name = "base"
+    reference_scale = S3FD_REFERENCE_SCALE  # FAN convention: scale = (w + h) / reference_scale
+    shift = DETECTOR_SHIFT                  # box centre moved up by this fraction of its height
+
+    def detect(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Per image, an ``(k, 5)`` array ``x1, y1, x2, y2, score``, best first."""
+        raise NotImplementedError
+
+    def crop_matrix(self, box: np.ndarray, image_shape: tuple) -> np.ndarray:
+        """The 2x3 affine from the image to this face's 256x256 crop."""
+        return box_to_matrix(box, self.reference_scale, self.shift)
+
+
+def _anchors() -> torch.Tensor:
+    """MediaPipe's 896 SSD anchors (x, y, w, h), normalised: 16x16 cells x 2, then 8x8 cells x 6."""
+    rows = []
+    for grid, per_cell in ((16, 2), (8, 6)):
+        for y in range(grid):
+            for x in range(grid):
+                rows += [[(x + 0.5) / grid, (y + 0.5) / grid, 1.0, 1.0]] * per_cell
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+class BlazeFaceDetector(FaceDetector):
+    """MediaPipe BlazeFace on any device; ``model='back'`` (256 input, faces at any distance) or ``'front'`` (128, selfies)."""
+
+    name = "blazeface"
+
+    def __init__(self, device: Union[str, torch.device] = "cpu", model: str = "back",
+                 weights: Union[str, Path, None] = None, min_score: Optional[float] = None) -> None:
+        from face_alignment.detection.blazeface.net_blazeface import BlazeFace
+
+        if model not in ("back", "front"):
+            raise DetectorError(f"BlazeFace model must be 'back' or 'front', not {model!r}")
+        path = Path(weights) if weights else BLAZEFACE_WEIGHTS
+        if not path.is_file():
+            raise DetectorError(f"BlazeFace weights not found at {path}; reinstall emonet or run "
+                                f"tools/convert_blazeface.py")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self.device = torch.device(device)
+        self.net = BlazeFace(back_model=(model == "back"))
+        self.net.load_state_dict(state[model])
+        self.net.to(self.device).eval()
+        self.net.anchors = _anchors().to(self.device)
+        if min_score is not None:
+            self.net.min_score_thresh = min_score
+        self.size = 256 if model == "back" else 128
+
+    def letterbox(self, images: Sequence[np.ndarray]) -> tuple[torch.Tensor, list[tuple[float, float, float]]]:
+        """Each whole image scaled to fit the network's square input and padded with zeros (centred).
+
+        Returns the ``(B, 3, S, S)`` input in [-1, 1] and, per image, ``(scale, pad_x, pad_y)``.
+        """
+        s = self.size
+        batch = np.zeros((len(images), s, s, 3), dtype=np.uint8)
+        params = []
+        for i, image in enumerate(images):
+            h, w = image.shape[:2]
+            scale = s / max(h, w)
+            nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
+            px, py = (s - nw) // 2, (s - nh) // 2
+            batch[i, py:py + nh, px:px + nw] = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_AREA)
+            params.append((scale, px, py))
+        x = torch.from_numpy(batch).to(self.device).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+        return x, params
+
+    def detect(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
+        if not len(images):
+            return []
+        x, params = self.letterbox(images)
+        with torch.inference_mode():
+            raw_boxes, raw_scores = self.net(x)
+            per_image = self.net._tensors_to_detections(raw_boxes, raw_scores, self.net.anchors)
+        results = []
+        for dets, (scale, px, py) in zip(per_image, params):
+            faces = self.net._weighted_non_max_suppression(dets) if len(dets) else []
+            if not faces:
+                results.append(np.zeros((0, 5)))
+                continue
+            d = torch.stack(faces).cpu().numpy().astype(np.float64)  # ymin, xmin, ymax, xmax, kp..., score
+            boxes = np.stack([d[:, 1], d[:, 0], d[:, 3], d[:, 2]], axis=1) * self.size
+            boxes = (boxes - [px, py, px, py]) / scale
+            out = np.concatenate([boxes, d[:, -1:]], axis=1)
+            results.append(out[np.argsort(-out[:, 4])])
+        return results
+
+
+class SFDDetector(FaceDetector):
+    """face-alignment's S3FD (the released demo's detector); weights download on first use."""
+
+    name = "sfd"
+
+    def __init__(self, device: Union[str, torch.device] = "cpu", min_score: float = 0.5) -> None:
+        try:
+            from face_alignment.detection.sfd.sfd_detector import SFDDetector as _SFD
+            self._sfd = _SFD(device=str(device), filter_threshold=min_score)
+        except Exception as exc:  # offline: urllib errors; no weights cached
+            raise DetectorError(f"the S3FD detector's weights could not be downloaded ({type(exc).__name__}); "
+                                f"use --detector blazeface, which works offline") from None
+
+    def detect(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
+        results = []
+        for image in images:
+            boxes = self._sfd.detect_from_image(image[..., ::-1].copy())  # S3FD expects BGR
+            arr = np.array([b[:5] for b in boxes], dtype=np.float64).reshape(-1, 5)
+            results.append(arr[np.argsort(-arr[:, 4])])
+        return results
+
+
+class WholeImageDetector(FaceDetector):
+    """``none``: the image is already a tight face crop; the whole of it is the face."""
+
+    name = "none"
+
+    def detect(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return [np.array([[0.0, 0.0, img.shape[1], img.shape[0], 1.0]]) for img in images]
+
+    def crop_matrix(self, box: np.ndarray, image_shape: tuple) -> np.ndarray:
+        # The released demo resizes the whole image to 256x256 (non-uniform scale); the pipeline
+        # reproduces that with cv2.resize and uses this matrix only to map landmarks back.
+        h, w = image_shape[:2]
+        return np.array([[CROP_SIZE / w, 0.0, 0.0], [0.0, CROP_SIZE / h, 0.0]])
+
+
+def create_detector(name: str, device: Union[str, torch.device] = "cpu", **kwargs) -> FaceDetector:
+    """Build a detector by name: ``blazeface``, ``sfd`` or ``none``."""
+    if name == "blazeface":
+        return BlazeFaceDetector(device, **kwargs)
+    if name == "sfd":
+        return SFDDetector(device, **kwargs)
+    if name == "none":
+        return WholeImageDetector()
+    raise DetectorError(f"unknown detector {name!r}; choose one of {', '.join(DETECTORS)}")

@@ -1,0 +1,77 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from emonet.detection import BlazeFaceDetector, DetectorError, WholeImageDetector, create_detector
+from emonet.images import read_image
+
+DATA = Path(__file__).parent / "data"
+FACE = np.array([175, 70, 275, 185])  # the astronaut's face, checked by eye
+
+
+def iou(a, b):
+    x1, y1 = np.maximum(a[:2], b[:2])
+    x2, y2 = np.minimum(a[2:4], b[2:4])
+    inter = max(0, x2 - x1) * max(0, y2 - y1)
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+@pytest.fixture(scope="module")
+def photo():
+    return read_image(DATA / "astronaut.jpg")
+
+
+@pytest.fixture(scope="module")
+def detector():
+    return BlazeFaceDetector("cpu")
+
+
+def test_finds_the_face_in_a_real_photo(detector, photo):
+    faces = detector.detect([photo])[0]
+    assert len(faces) == 1
+    assert iou(faces[0], FACE) > 0.7 and faces[0][4] > 0.65
+
+
+def test_a_face_at_the_edge_of_a_wide_frame_is_found(detector, photo):
+    canvas = np.zeros((720, 2560, 3), np.uint8)
+    canvas[100:612, -512:] = photo  # far right of a 32:9 frame: a centre crop would cut it off
+    faces = detector.detect([canvas])[0]
+    assert len(faces) == 1
+    assert iou(faces[0], FACE + [2048, 100, 2048, 100]) > 0.6
+
+
+def test_batches_of_different_sizes_and_no_face(detector, photo):
+    blank = np.full((300, 500, 3), 127, np.uint8)
+    small = photo[::2, ::2].copy()
+    results = detector.detect([photo, blank, small])
+    assert [len(r) for r in results] == [1, 0, 1]
+    assert iou(results[2][0], FACE / 2) > 0.6
+
+
+def test_front_model_also_loads(photo):
+    faces = BlazeFaceDetector("cpu", model="front").detect([photo])[0]
+    assert len(faces) == 1 and iou(faces[0], FACE) > 0.6
+
+
+def test_none_detector_returns_the_whole_image(photo):
+    assert create_detector("none").detect([photo])[0].tolist() == [[0, 0, 512, 512, 1.0]]
+    assert isinstance(create_detector("none"), WholeImageDetector)
+
+
+def test_unknown_detector():
+    with pytest.raises(DetectorError, match="unknown detector"):
+        create_detector("haar")
+
+
+def test_sfd_offline_is_one_clear_line(tmp_path):
+    # A fresh torch hub folder and an unreachable proxy: the S3FD weights cannot be fetched.
+    env = dict(os.environ, TORCH_HOME=str(tmp_path), HTTPS_PROXY="http://127.0.0.1:9",
+               HTTP_PROXY="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9", http_proxy="http://127.0.0.1:9")
+    code = ("from emonet.detection import create_detector, DetectorError\n"
+            "try:\n    create_detector('sfd')\nexcept DetectorError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "could not be downloaded" in out.stdout and "--detector blazeface" in out.stdout

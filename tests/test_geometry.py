@@ -1,0 +1,74 @@
+import numpy as np
+import pytest
+import torch
+
+from emonet.geometry import (apply, box_to_matrix, center_scale_from_box, crop_matrix, decode_heatmaps, invert,
+                             landmarks_box, landmarks_to_image, warp_crops)
+
+
+def test_training_crop_convention():
+    center, scale = center_scale_from_box([100, 50, 200, 170])
+    assert np.allclose(center, [150, 110]) and scale == pytest.approx((100 + 120) / 220)
+    m = crop_matrix(center, scale)
+    # The square of side 200*scale around the centre fills the 256x256 crop exactly.
+    half = 100 * scale
+    corners = apply(m, np.array([[150 - half, 110 - half], [150 + half, 110 + half], [150, 110]]))
+    assert np.allclose(corners, [[0, 0], [256, 256], [128, 128]])
+
+
+def test_detector_convention_shifts_the_centre_up():
+    center, scale = center_scale_from_box([0, 0, 100, 100], reference_scale=195, shift=0.12)
+    assert np.allclose(center, [50, 50 - 12]) and scale == pytest.approx(200 / 195)
+
+
+def test_inverse_round_trip():
+    m = box_to_matrix([12.5, 40, 230, 300])
+    pts = np.random.default_rng(0).uniform(0, 500, (68, 2))
+    assert np.allclose(apply(invert(m), apply(m, pts)), pts)
+
+
+def test_known_warp_moves_a_marked_pixel_where_the_matrix_says():
+    image = np.zeros((300, 400, 3), np.uint8)
+    image[150, 220] = 255  # one bright pixel
+    m = box_to_matrix([150, 100, 290, 210])
+    crop = warp_crops(image, [m])[0]
+    y, x = np.unravel_index(crop[..., 0].argmax(), crop.shape[:2])
+    assert np.allclose([x, y], apply(m, [220, 150]), atol=1.0)
+
+
+def test_faces_partly_outside_the_image_get_a_zero_border():
+    image = np.full((100, 100, 3), 200, np.uint8)
+    crop = warp_crops(image, [box_to_matrix([-60, -60, 40, 40])])[0]
+    assert crop[0, 0].tolist() == [0, 0, 0] and crop[-1, -1].tolist() == [200, 200, 200]
+
+
+def _heatmaps(points_64, n=68, sigma=1.0, skew=None):
+    yy, xx = torch.meshgrid(torch.arange(64.0), torch.arange(64.0), indexing="ij")
+    maps = torch.zeros(1, n, 64, 64)
+    for i, (x, y) in enumerate(points_64):
+        maps[0, i] = torch.exp(-((xx - x) ** 2 + (yy - y) ** 2) / (2 * sigma ** 2))
+    return maps
+
+
+def test_landmark_decoding_moves_a_quarter_pixel_towards_the_larger_neighbour():
+    # Peaks between grid points: the arg-max is the nearest cell, the larger neighbour gives the side.
+    pts = [(10.3, 20.0), (30.0, 40.3), (50.0, 12.0), (20.7, 33.7)] + [(32.0, 32.0)] * 64
+    got = decode_heatmaps(_heatmaps(pts))[0]
+    assert np.allclose(got[0], [10.25 * 4, 20 * 4])
+    assert np.allclose(got[1], [30 * 4, 40.25 * 4])
+    assert np.allclose(got[2], [50 * 4, 12 * 4])        # exactly on a cell: no shift
+    assert np.allclose(got[3], [20.75 * 4, 33.75 * 4])  # nearest cell (21, 34), shifted up-left
+
+
+def test_landmarks_go_back_to_image_coordinates():
+    m = box_to_matrix([100, 80, 260, 250])
+    image_pts = np.array([[150.0, 120.0], [200.0, 200.0]])
+    crop_pts = apply(m, image_pts) / 4.0  # heatmap cells
+    maps = _heatmaps([tuple(p) for p in crop_pts] + [(32.0, 32.0)] * 66)
+    back = landmarks_to_image(maps, [m])[0][:2]
+    # Quantised to a quarter heatmap cell = 1 crop pixel, i.e. 200*scale/256 image pixels.
+    assert np.abs(back - image_pts).max() < 1.5
+
+
+def test_landmarks_box():
+    assert landmarks_box(np.array([[3, 4], [10, 1], [5, 9]])).tolist() == [3, 1, 10, 9]

@@ -1,0 +1,113 @@
+"""demo.py end to end (a real subprocess, real files) and the pipeline behind it."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+import emonet
+from emonet.detection import BlazeFaceDetector, WholeImageDetector
+from emonet.engine import Engine, EngineConfig
+from emonet.images import read_image
+from emonet.pipeline import Pipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+PHOTO = ROOT / "tests" / "data" / "astronaut.jpg"
+
+
+def demo(*args, cwd=None):
+    return subprocess.run([sys.executable, str(ROOT / "demo.py"), *map(str, args)], capture_output=True,
+                          text=True, timeout=300, cwd=cwd)
+
+
+def test_photo_to_json_and_annotated_image(tmp_path):
+    out = demo("--image", PHOTO, "--weights", "random", "--output", tmp_path / "out", "--json", "-",
+               "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["untrained"] is True and doc["classes"][7] == "Contempt" and doc["detector"] == "blazeface"
+    (record,) = doc["images"]
+    assert record["image"].endswith("astronaut.jpg") and record["width"] == 512 and record["error"] is None
+    (face,) = record["faces"]
+    assert set(face) == {"face_index", "box", "score", "expression", "expression_index", "probabilities",
+                         "valence", "arousal", "landmarks"}
+    x1, y1, x2, y2 = face["box"]
+    assert x1 < 200 and x2 > 250 and y1 < 110 and y2 > 160  # covers the face
+    assert abs(sum(face["probabilities"].values()) - 1) < 1e-3 and face["expression"] in doc["classes"]
+    assert -1 <= face["valence"] <= 1 and len(face["landmarks"]) == 68
+    annotated = read_image(tmp_path / "out" / "astronaut_emonet.jpg")
+    assert annotated.shape == (512, 512, 3)
+    assert "predictions are meaningless" in out.stderr and "first call" in out.stderr
+    assert "steady state" in out.stderr
+
+
+def test_no_face_bad_image_and_json_file(tmp_path):
+    cv2.imwrite(str(tmp_path / "wall.png"), np.full((120, 200, 3), 90, np.uint8))
+    (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8\xff garbage")
+    out = demo("--image", tmp_path, "--weights", "random", "--json", tmp_path / "r.json", "--device", "cpu")
+    assert out.returncode == 1  # one image could not be read
+    assert "broken.jpg: not an image OpenCV can decode" in out.stderr
+    assert "wall.png: no face found" in out.stderr and "Traceback" not in out.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    by_name = {Path(r["image"]).name: r for r in doc["images"]}
+    assert by_name["wall.png"]["faces"] == [] and by_name["wall.png"]["error"] is None
+    assert "decode" in by_name["broken.jpg"]["error"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--image", "nowhere.jpg"], "nowhere.jpg: no such file or folder"),
+    (["--image", PHOTO, "--weights", "missing.pth"], "checkpoint not found"),
+    (["--image", PHOTO, "--device", "cuda:7"], "cuda:7"),
+])
+def test_bad_input_is_one_clear_line(args, message):
+    out = demo(*args)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("error: ") and message in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_unwritable_output_fails_before_any_work(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    out = demo("--image", PHOTO, "--weights", "random", "--output", blocker / "out")
+    assert out.returncode == 2 and "cannot write there" in out.stderr and "face 0" not in out.stderr
+
+
+def test_help_explains_the_options():
+    out = demo("--help")
+    assert out.returncode == 0
+    for option in ("--image", "--json", "--output", "--weights", "--nclasses", "--device", "--detector",
+                   "--refine", "--no-cudnn-benchmark", "--deterministic"):
+        assert option in out.stdout
+
+
+@pytest.fixture(scope="module")
+def engine(reference_dir):
+    model = emonet.load_model(reference_dir / "emonet8_reference.pth", device="cpu")
+    return model, Engine(model, "cpu", EngineConfig(warmup=False))
+
+
+def test_detector_none_reproduces_the_released_demo_preprocessing(engine):
+    model, eng = engine
+    image = read_image(PHOTO)[60:200, 160:290].copy()  # a tight face crop, not square
+    (face,) = Pipeline(eng, WholeImageDetector())([image])[0]
+    # The released demo: resize the whole crop to 256x256, RGB, /255, batch of one.
+    x = torch.Tensor(cv2.resize(image, (256, 256))).permute(2, 0, 1).unsqueeze(0) / 255.0
+    with torch.no_grad():
+        ref = model(x)
+    assert np.allclose(face.raw[:8], ref["expression"][0].numpy(), atol=1e-6)
+    assert face.raw[8] == pytest.approx(ref["valence"].item(), abs=1e-6)
+    assert face.raw[9] == pytest.approx(ref["arousal"].item(), abs=1e-6)
+
+
+def test_refine_recrops_from_the_landmarks(engine):
+    _, eng = engine
+    image = read_image(PHOTO)
+    plain = Pipeline(eng, BlazeFaceDetector("cpu"))([image])[0][0]
+    refined = Pipeline(eng, BlazeFaceDetector("cpu"), refine=True)([image])[0][0]
+    assert not np.allclose(plain.matrix, refined.matrix)
+    assert np.allclose(refined.box, emonet.geometry.landmarks_box(refined.landmarks))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import emonet
-from emonet.timing import FIRST_CALL_NOTE, LatencyTimer, model_cost
+from emonet.timing import FIRST_CALL_NOTE, FIRST_CALL_NOTE_CPU, LatencyTimer, model_cost
 
 
 def test_first_call_is_kept_apart_from_the_steady_state():
@@ -15,11 +15,12 @@ def test_first_call_is_kept_apart_from_the_steady_state():
     s = timer.summary()
     assert s.calls == 5 and s.items == 20
     assert s.first_ms >= 50
-    assert 10 <= s.median_ms < 20
+    assert 10 <= s.median_ms < 40  # sleep(0.01) never returns early; a busy machine can make it late
     assert s.p90_ms >= s.median_ms
     assert s.throughput == pytest.approx(16 / ((s.mean_ms * 4) / 1e3))
     text = s.format()
-    assert "first call" in text and "steady state" in text and FIRST_CALL_NOTE in text
+    assert "first call" in text and "steady state" in text and FIRST_CALL_NOTE_CPU in text
+    assert "cuDNN" in FIRST_CALL_NOTE  # what a GPU report says instead
 
 
 def test_summary_with_one_or_no_calls():

@@ -46,9 +46,7 @@ def _label_block(img: np.ndarray, lines, anchor: tuple[int, int], scale: float, 
         cy += gap
 
 
-def draw_circumplex(img: np.ndarray, center: tuple[int, int], radius: int, valence: float, arousal: float,
-                    color=(255, 255, 255), trail: Optional[Sequence[tuple[float, float]]] = None) -> None:
-    """A valence (x) / arousal (y, up) disc with the current point and an optional fading trail."""
+def _circumplex_disc(img: np.ndarray, center: tuple[int, int], radius: int) -> None:
     cx, cy = int(center[0]), int(center[1])
     overlay = img.copy()
     cv2.circle(overlay, (cx, cy), radius, (30, 30, 30), -1, cv2.LINE_AA)
@@ -60,15 +58,26 @@ def draw_circumplex(img: np.ndarray, center: tuple[int, int], radius: int, valen
     _text(img, "V", (cx + radius - int(14 * fs / 0.4), cy - 4), fs, (220, 220, 220))
     _text(img, "A", (cx + 4, cy - radius + int(14 * fs / 0.4)), fs, (220, 220, 220))
 
+
+def _circumplex_point(img: np.ndarray, center: tuple[int, int], radius: int, valence: float, arousal: float,
+                      color, trail: Optional[Sequence[tuple[float, float]]] = None) -> None:
     def point(v: float, a: float) -> tuple[int, int]:
-        return int(round(cx + np.clip(v, -1, 1) * radius)), int(round(cy - np.clip(a, -1, 1) * radius))
+        return (int(round(center[0] + np.clip(v, -1, 1) * radius)),
+                int(round(center[1] - np.clip(a, -1, 1) * radius)))
 
     if trail:
         pts = [point(v, a) for v, a in trail]
         for i in range(1, len(pts)):
-            shade = tuple(int(c * (0.3 + 0.7 * i / len(pts))) for c in color)
+            shade = tuple(int(c * (0.3 + 0.7 * i / len(pts))) for c in color)  # older: darker
             cv2.line(img, pts[i - 1], pts[i], shade, 1, cv2.LINE_AA)
     cv2.circle(img, point(valence, arousal), max(2, radius // 12), color, -1, cv2.LINE_AA)
+
+
+def draw_circumplex(img: np.ndarray, center: tuple[int, int], radius: int, valence: float, arousal: float,
+                    color=(255, 255, 255), trail: Optional[Sequence[tuple[float, float]]] = None) -> None:
+    """A valence (x) / arousal (y, up) disc with the current point and an optional fading trail."""
+    _circumplex_disc(img, center, radius)
+    _circumplex_point(img, center, radius, valence, arousal, color, trail)
 
 
 def draw_face(img: np.ndarray, face: Face, class_names: Sequence[str], label: Optional[str] = None,
@@ -105,13 +114,41 @@ def draw_banner(img: np.ndarray, text: str) -> None:
 
 
 def annotate(image: np.ndarray, faces: Sequence[Face], class_names: Sequence[str],
-             banner: Optional[str] = None) -> np.ndarray:
-    """A copy of ``image`` (RGB) with every face drawn."""
+             banner: Optional[str] = None, labels: Optional[Sequence[str]] = None) -> np.ndarray:
+    """A copy of ``image`` (RGB) with every face drawn; ``labels`` name the faces (default #0, #1, ...)."""
     out = image.copy()
     for i, face in enumerate(faces):
-        draw_face(out, face, class_names, label=f"#{i}" if len(faces) > 1 else None)
+        label = labels[i] if labels is not None else (f"#{i}" if len(faces) > 1 else None)
+        draw_face(out, face, class_names, label=label)
     if not faces:
         _text(out, "no face found", (10, out.shape[0] - 12), 0.7, (255, 80, 80), 2)
     if banner:
         draw_banner(out, banner)
     return out
+
+
+def side_panel(height: int, crop: Optional[np.ndarray], crop_landmarks: Optional[np.ndarray],
+               tracks: Sequence[tuple[str, tuple[int, int, int], float, float, Sequence[tuple[float, float]]]],
+               caption: str = "") -> np.ndarray:
+    """The video panel: the main face's crop with its landmarks over the valence-arousal circumplex.
+
+    ``tracks``: (label, colour, valence, arousal, trail) per face.
+    """
+    width = max(200, height // 2)
+    panel = np.full((height, width, 3), 24, np.uint8)
+    side = min(width, int(height * 0.5))
+    if crop is not None:
+        face = cv2.resize(crop, (side, side), interpolation=cv2.INTER_AREA)
+        if crop_landmarks is not None:
+            for x, y in crop_landmarks * (side / crop.shape[1]):
+                cv2.circle(face, (int(round(x)), int(round(y))), 2, (0, 255, 255), -1, cv2.LINE_AA)
+        x0 = (width - side) // 2
+        panel[:side, x0:x0 + side] = face
+    if caption:
+        _text(panel, caption, (8, side + 22), 0.5, (255, 255, 255))
+    radius = max(20, min(width, height - side - 40) // 2 - 12)
+    center = (width // 2, min(height - radius - 8, side + 40 + radius))
+    _circumplex_disc(panel, center, radius)
+    for _, color, v, a, trail in tracks:
+        _circumplex_point(panel, center, radius, v, a, color, trail)
+    return panel

@@ -1,0 +1,116 @@
+"""Faces over time: stable ids by box overlap, crops between detections from the last landmarks, smoothing.
+
+Smoothing (spec §6): a weighted mean of a face's last 5 raw output vectors (logits, valence, arousal),
+weights oldest to newest 0.1, 0.1, 0.15, 0.25, 0.4, normalised over the frames seen so far, so a new
+face is not dragged towards zero as the released model's zero-initialised buffer does.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from .geometry import box_to_matrix, landmarks_box
+
+SMOOTHING_WEIGHTS = np.array([0.1, 0.1, 0.15, 0.25, 0.4])
+
+
+class Smoother:
+    """Spec §6 temporal smoothing of one face's raw outputs."""
+
+    def __init__(self, weights: np.ndarray = SMOOTHING_WEIGHTS) -> None:
+        self.weights = np.asarray(weights, dtype=np.float64)
+        self.history: deque = deque(maxlen=len(self.weights))
+
+    def __call__(self, raw: np.ndarray) -> np.ndarray:
+        """Add the newest raw vector; return the smoothed one."""
+        self.history.append(np.asarray(raw, dtype=np.float64))
+        w = self.weights[-len(self.history):]
+        return (np.stack(self.history) * w[:, None]).sum(axis=0) / w.sum()
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    """Intersection over union of two ``x1, y1, x2, y2`` boxes."""
+    x1, y1 = max(a[0], b[0]), max(a[1], b[1])
+    x2, y2 = min(a[2], b[2]), min(a[3], b[3])
+    inter = max(0.0, x2 - x1) * max(0.0, y2 - y1)
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return float(inter / union) if union > 0 else 0.0
+
+
+@dataclass
+class Track:
+    """One face followed over frames."""
+
+    id: int
+    box: np.ndarray                       # latest box (detector's, or from the landmarks)
+    score: float                          # latest detection score
+    det_box: Optional[np.ndarray] = None  # latest detector box
+    landmarks: Optional[np.ndarray] = None
+    smoother: Smoother = field(default_factory=Smoother)
+    trail: deque = field(default_factory=lambda: deque(maxlen=30))  # (valence, arousal) history
+    missed: int = 0                       # detection frames in a row without a match
+
+    def crop_matrix(self) -> Optional[np.ndarray]:
+        """The training-convention crop from the last landmarks (None before the first prediction)."""
+        return None if self.landmarks is None else box_to_matrix(landmarks_box(self.landmarks))
+
+
+class Tracker:
+    """Greedy IoU matching of detections to tracks; ids are never reused.
+
+    A track the detector misses is remembered (not predicted) for ``max_missed`` detection frames, so a
+    one-frame detector miss does not change its id; after that it is dropped.
+    """
+
+    def __init__(self, iou_threshold: float = 0.3, max_missed: int = 1, max_shift: float = 0.6) -> None:
+        self.iou_threshold = iou_threshold
+        self.max_shift = max_shift  # centre distance over box size still counted as the same face
+        self.max_missed = max_missed
+        self.tracks: list[Track] = []
+        self._next_id = 0
+
+    @property
+    def active(self) -> list[Track]:
+        """Tracks matched at the last detection: the faces to predict."""
+        return [t for t in self.tracks if t.missed == 0]
+
+    def update(self, detections: np.ndarray) -> list[Track]:
+        """Match ``(k, 5)`` detections to tracks (new ids for the unmatched); return the active tracks."""
+        pairs = sorted(((self._affinity(t, d[:4]), ti, di)
+                        for ti, t in enumerate(self.tracks) for di, d in enumerate(detections)), reverse=True)
+        matched_t, matched_d = set(), set()
+        for affinity, ti, di in pairs:
+            if affinity <= 0 or ti in matched_t or di in matched_d:
+                continue
+            matched_t.add(ti)
+            matched_d.add(di)
+            t = self.tracks[ti]
+            t.box = t.det_box = detections[di][:4].astype(np.float64)
+            t.score, t.missed = float(detections[di][4]), 0
+        for ti, t in enumerate(self.tracks):
+            if ti not in matched_t:
+                t.missed += 1
+                t.landmarks = None  # stale: a re-found face is re-cropped from its detector box
+        self.tracks = [t for t in self.tracks if t.missed <= self.max_missed]
+        for di, d in enumerate(detections):
+            if di not in matched_d:
+                box = d[:4].astype(np.float64)
+                self.tracks.append(Track(self._next_id, box, float(d[4]), det_box=box))
+                self._next_id += 1
+        return self.active
+
+
+    def _affinity(self, track: Track, det: np.ndarray) -> float:
+        """How surely ``det`` is ``track``'s face: box overlap first, then nearness of the centres; 0 = not."""
+        boxes = [b for b in (track.det_box, track.box,
+                             landmarks_box(track.landmarks) if track.landmarks is not None else None) if b is not None]
+        overlap = max(iou(b, det) for b in boxes)
+        if overlap >= self.iou_threshold:
+            return 1.0 + overlap
+        ref = track.det_box if track.det_box is not None else track.box
+        size = max(ref[2] - ref[0], ref[3] - ref[1], det[2] - det[0], det[3] - det[1], 1e-6)
+        shift = np.hypot((ref[0] + ref[2] - det[0] - det[2]) / 2, (ref[1] + ref[3] - det[1] - det[3]) / 2) / size
+        return max(0.0, 1.0 - shift / self.max_shift) if shift < self.max_shift else 0.0

@@ -1,0 +1,160 @@
+"""Video I/O: frames decoded in a background thread (memory stays flat), and a writer that leaves a whole file.
+
+The reader streams: a bounded queue holds a few frames, so a video of any length uses the same memory.
+The writer encodes to a temporary name and renames on close, so an output is either a playable video
+or absent; closing it in a ``finally`` (also on Ctrl-C or SIGTERM) keeps every frame written so far.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+import cv2
+import numpy as np
+
+from .images import InputError
+
+
+@dataclass
+class Frame:
+    """One decoded frame: its index in the video, its time in seconds, RGB pixels."""
+
+    index: int
+    timestamp: float
+    image: np.ndarray
+
+
+class VideoReader:
+    """Iterate over ``Frame``s of a file or camera (``"0"``), decoded ahead in a thread."""
+
+    def __init__(self, source: Union[str, int], start: float = 0.0, end: Optional[float] = None,
+                 max_frames: Optional[int] = None, queue_size: int = 32) -> None:
+        self.source = source
+        camera = isinstance(source, int) or (isinstance(source, str) and source.isdigit())
+        if not camera and not Path(source).is_file():
+            raise InputError(f"{source}: no such video file")
+        self.capture = cv2.VideoCapture(int(source) if camera else str(source))
+        if not self.capture.isOpened():
+            what = "camera" if camera else "video OpenCV can open (not a video, corrupt, or an unknown codec)"
+            raise InputError(f"{source}: not a {what}")
+        self.fps = self.capture.get(cv2.CAP_PROP_FPS) or 0.0
+        if not (0 < self.fps < 1000):
+            self.fps = 30.0  # cameras and some files report nothing usable
+        self.frame_count = int(self.capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
+        self.start, self.end, self.max_frames = start, end, max_frames
+        self.first_index = 0
+        if start > 0:
+            self.capture.set(cv2.CAP_PROP_POS_MSEC, start * 1000.0)
+            self.first_index = int(round(start * self.fps))
+        self.decode_seconds = 0.0
+        self._queue: "queue.Queue[Optional[Frame]]" = queue.Queue(maxsize=queue_size)
+        self._stop = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="emonet-decode", daemon=True)
+        self._thread.start()
+
+    @property
+    def expected_frames(self) -> Optional[int]:
+        """How many frames the run will see, when the container says (for the progress bar)."""
+        if not self.frame_count:
+            return self.max_frames
+        last = self.frame_count if self.end is None else min(self.frame_count, int(self.end * self.fps))
+        n = max(0, last - self.first_index)
+        return min(n, self.max_frames) if self.max_frames else n
+
+    def _run(self) -> None:
+        index = self.first_index
+        produced = 0
+        try:
+            while not self._stop.is_set():
+                if self.max_frames is not None and produced >= self.max_frames:
+                    break
+                t0 = time.perf_counter()
+                ok, bgr = self.capture.read()
+                if not ok:
+                    break
+                rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+                self.decode_seconds += time.perf_counter() - t0
+                # From the index, not CAP_PROP_POS_MSEC: some backends report the *next* frame's time.
+                timestamp = index / self.fps
+                if self.end is not None and timestamp > self.end:
+                    break
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(Frame(index, timestamp, rgb), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                index += 1
+                produced += 1
+        except BaseException as exc:  # reported to the consumer, never lost in the thread
+            self._error = exc
+        finally:
+            self._put_end()
+
+    def _put_end(self) -> None:
+        while True:
+            try:
+                self._queue.put(None, timeout=0.1)
+                return
+            except queue.Full:
+                if self._stop.is_set():
+                    return
+
+    def __iter__(self) -> Iterator[Frame]:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                if self._error is not None:
+                    raise InputError(f"{self.source}: decoding failed ({self._error})")
+                return
+            yield item
+
+    def close(self) -> None:
+        """Stop the decoding thread and release the file or camera."""
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                self._thread.join(timeout=0.1)
+        self.capture.release()
+
+
+class VideoWriter:
+    """mp4v (MPEG-4 Part 2) video, written under a temporary name and renamed on close."""
+
+    def __init__(self, path: Union[str, Path], fps: float, size: tuple[int, int]) -> None:
+        self.path = Path(path)
+        self.size = size
+        # Same folder and extension: OpenCV picks the container from the name; the rename is atomic.
+        self.tmp = self.path.with_name(f".{self.path.stem}.partial{self.path.suffix or '.mp4'}")
+        self.writer = cv2.VideoWriter(str(self.tmp), cv2.VideoWriter_fourcc(*"mp4v"), fps, size)
+        if not self.writer.isOpened():
+            self.tmp.unlink(missing_ok=True)
+            raise InputError(f"{self.path}: OpenCV cannot write an mp4v video there (use a .mp4 or .avi name "
+                             f"in a writable folder)")
+        self.frames = 0
+        self.resized = False
+
+    def write(self, rgb: np.ndarray) -> None:
+        """Append one RGB frame (resized to the video's size if the source changed size)."""
+        if (rgb.shape[1], rgb.shape[0]) != self.size:
+            rgb = cv2.resize(rgb, self.size, interpolation=cv2.INTER_AREA)
+            self.resized = True
+        self.writer.write(cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+        self.frames += 1
+
+    def close(self) -> Optional[Path]:
+        """Finish the file and move it into place; a video with no frame is removed instead."""
+        self.writer.release()
+        if self.frames == 0:
+            self.tmp.unlink(missing_ok=True)
+            return None
+        os.replace(self.tmp, self.path)
+        return self.path

@@ -1,0 +1,306 @@
+"""The video tool behind ``demo_video.py``: stream frames, track faces, batch them through EmoNet, write results.
+
+Frames come from a decoding thread in chunks of ``--batch-size``. In a chunk, the detector runs (batched)
+on the detection frames (every ``--detect-every`` frames, or when no face is tracked); on the others each
+face is cropped from its last landmarks, by the training convention. Every face of every frame of the
+chunk then goes through the engine in one call. With ``--batch-size 1`` the crops between detections come
+from the previous frame's landmarks exactly; with larger batches, from the last frame of the previous
+chunk (a trade of crop freshness for GPU batching).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .checkpoints import UNTRAINED_LABEL
+from .cli import build_detector, build_engine
+from .drawing import PALETTE, annotate, side_panel
+from .geometry import apply, landmarks_to_image, to_tensor, warp_crops
+from .images import InputError, check_writable_dir
+from .pipeline import Face
+from .timing import LatencyTimer
+from .tracking import Track, Tracker
+from .video import Frame, VideoReader, VideoWriter
+
+STAGES = ("decode", "detect", "crop", "emonet", "draw", "encode")
+
+
+class RowWriter:
+    """Per-face-per-frame rows to CSV and/or JSONL, flushed as they go, renamed into place on close."""
+
+    def __init__(self, csv_path: Optional[str], jsonl_path: Optional[str], class_names, landmarks: bool) -> None:
+        self.class_names = list(class_names)
+        self.landmarks = landmarks
+        self.files = []
+        self.fields = ["frame", "timestamp", "face_id", "detected", "score", "x1", "y1", "x2", "y2", "expression",
+                       *[f"p_{c}" for c in self.class_names], "valence", "arousal"]
+        if landmarks:
+            self.fields += [f"{axis}{i}" for i in range(68) for axis in ("x", "y")]
+        self.csv = self.jsonl = None
+        if csv_path:
+            fh = self._open(csv_path)
+            self.csv = csv.writer(fh)
+            self.csv.writerow(self.fields)
+        if jsonl_path:
+            self.jsonl = self._open(jsonl_path)
+
+    def _open(self, path: str):
+        final = Path(path)
+        tmp = final.with_name(f".{final.name}.partial")
+        fh = open(tmp, "w", newline="", encoding="utf-8")
+        self.files.append((fh, tmp, final))
+        return fh
+
+    def frame(self, frame: Frame, faces: list[tuple[Track, Face, bool]]) -> None:
+        """Rows of one frame; a frame with no face gets one row with empty values."""
+        if not faces:
+            self._write({"frame": frame.index, "timestamp": round(frame.timestamp, 4)})
+        for track, face, detected in faces:
+            row = {"frame": frame.index, "timestamp": round(frame.timestamp, 4), "face_id": track.id,
+                   "detected": int(detected), "score": round(face.score, 4),
+                   **{k: round(float(v), 2) for k, v in zip(("x1", "y1", "x2", "y2"), face.box)},
+                   "expression": self.class_names[face.expression],
+                   **{f"p_{c}": round(float(p), 5) for c, p in zip(self.class_names, face.probabilities)},
+                   "valence": round(face.valence, 5), "arousal": round(face.arousal, 5)}
+            if self.landmarks:
+                for i, (x, y) in enumerate(face.landmarks):
+                    row[f"x{i}"], row[f"y{i}"] = round(float(x), 2), round(float(y), 2)
+            self._write(row)
+
+    def _write(self, row: dict) -> None:
+        if self.csv:
+            self.csv.writerow([row.get(f, "") for f in self.fields])
+        if self.jsonl:
+            full = {f: row.get(f) for f in self.fields}
+            self.jsonl.write(json.dumps(full) + "\n")
+
+    def flush(self) -> None:
+        """Push finished rows to disk, so an interruption keeps them."""
+        for fh, _, _ in self.files:
+            fh.flush()
+
+    def close(self, keep: bool = True) -> None:
+        """Finish the files and rename them into place (``keep=False``: delete them instead)."""
+        for fh, tmp, final in self.files:
+            fh.close()
+            if keep:
+                os.replace(tmp, final)
+            else:
+                tmp.unlink(missing_ok=True)
+        self.files = []
+
+
+def _chunks(frames, size: int):
+    chunk = []
+    for frame in frames:
+        chunk.append(frame)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _color(track_id: int):
+    return PALETTE[(track_id + 1) % len(PALETTE)]
+
+
+class VideoJob:
+    """State of one run: engine, detector, tracker, outputs and the time spent in each stage."""
+
+    def __init__(self, args: argparse.Namespace, reader: VideoReader) -> None:
+        self.args = args
+        self.reader = reader
+        buckets = sorted({1, 4, 16, 64, args.batch_size, 4 * args.batch_size})
+        self.engine = build_engine(args, batch_sizes=tuple(b for b in buckets if b <= 4 * args.batch_size))
+        self.detector = build_detector(args, self.engine)
+        self.tracker = Tracker()
+        self.names = self.engine.class_names
+        self.rows = RowWriter(args.csv, args.jsonl, self.names, args.landmarks)
+        self.writer: Optional[VideoWriter] = None
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+        self.timer = LatencyTimer(self.engine.device)
+        self.frames = self.faces = 0
+        self.need_detection = True
+        self.since_detection = 0
+        self.banner = f"EmoNet: {UNTRAINED_LABEL}" if self.engine.untrained else None
+
+    def _sync(self) -> None:
+        if self.engine.device.type == "cuda":
+            torch.cuda.synchronize(self.engine.device)
+
+    def process(self, chunk: list[Frame]) -> None:
+        """Detect, crop, predict, track, write and draw one chunk of frames."""
+        args = self.args
+        t0 = time.perf_counter()
+        detect = []
+        for frame in chunk:  # which frames run the detector
+            is_det = self.need_detection or self.since_detection >= args.detect_every - 1
+            detect.append(is_det)
+            self.since_detection = 0 if is_det else self.since_detection + 1
+            self.need_detection = False
+        det_images = [f.image for f, d in zip(chunk, detect) if d]
+        det_iter = iter(self.detector.detect(det_images) if det_images else [])
+        t1 = time.perf_counter()
+        self.seconds["detect"] += t1 - t0
+
+        plan = []  # per frame: [(track, matrix, detected)]
+        for frame, is_det in zip(chunk, detect):
+            if is_det:
+                dets = next(det_iter)
+                if args.max_faces:
+                    dets = dets[: args.max_faces]
+                tracks = self.tracker.update(dets)
+                entries = [(t, self.detector.crop_matrix(t.box, frame.image.shape), True) for t in tracks]
+            else:
+                entries = [(t, t.crop_matrix() if t.landmarks is not None
+                            else self.detector.crop_matrix(t.box, frame.image.shape), False)
+                           for t in self.tracker.active]
+            plan.append(entries)
+        crops = [warp_crops(f.image, [m for _, m, _ in entries]) for f, entries in zip(chunk, plan) if entries]
+        batch = to_tensor(np.concatenate(crops)) if crops else None
+        t2 = time.perf_counter()
+        self.seconds["crop"] += t2 - t1
+
+        if batch is not None:
+            with self.timer.measure(len(chunk)):
+                out = self.engine(batch)
+            heat = out["heatmap"]
+            logits = out["expression"].cpu().numpy()
+            va = torch.stack([out["valence"], out["arousal"]], 1).cpu().numpy()
+            matrices = [m for entries in plan for _, m, _ in entries]
+            landmarks = landmarks_to_image(heat, matrices)
+        t3 = time.perf_counter()
+        self.seconds["emonet"] += t3 - t2
+
+        k = 0
+        for frame, entries in zip(chunk, plan):
+            faces = []
+            for track, matrix, detected in entries:
+                raw = np.concatenate([logits[k], va[k]])
+                smooth = track.smoother(raw) if args.smooth else raw
+                n = len(self.names)
+                probs = np.exp(smooth[:n] - smooth[:n].max())
+                probs /= probs.sum()
+                lm = landmarks[k]
+                track.landmarks = lm
+                h, w = frame.image.shape[:2]
+                x1, y1, x2, y2 = track.box if detected else np.r_[lm.min(0), lm.max(0)]
+                if not detected:
+                    track.box = np.array([x1, y1, x2, y2])
+                if x2 < 0 or y2 < 0 or x1 > w or y1 > h or (x2 - x1) < 8:
+                    self.need_detection = True  # the face left the frame or collapsed: look again
+                face = Face(box=np.array([x1, y1, x2, y2], dtype=np.float64), score=track.score,
+                            expression=int(probs.argmax()), probabilities=probs,
+                            valence=float(np.clip(smooth[n], -1, 1)), arousal=float(np.clip(smooth[n + 1], -1, 1)),
+                            landmarks=lm, matrix=matrix, raw=raw)
+                track.trail.append((face.valence, face.arousal))
+                faces.append((track, face, detected))
+                k += 1
+            if not entries:
+                self.need_detection = True
+            self.rows.frame(frame, faces)
+            self.faces += len(faces)
+            self.frames += 1
+            self._draw_and_encode(frame, faces)
+        self.rows.flush()
+
+    def _draw_and_encode(self, frame: Frame, faces) -> None:
+        if self.args.no_video or not self.args.output:
+            return
+        t0 = time.perf_counter()
+        image = annotate(frame.image, [f for _, f, _ in faces], self.names, self.banner,
+                         labels=[f"#{t.id}" for t, _, _ in faces])
+        crop = crop_lm = None
+        caption = "no face"
+        if faces:
+            track, face, _ = max(faces, key=lambda tf: (tf[1].box[2] - tf[1].box[0]))
+            crop = warp_crops(frame.image, [face.matrix])[0]
+            crop_lm = apply(face.matrix, face.landmarks)
+            caption = f"#{track.id} {self.names[face.expression]} {face.probabilities[face.expression]:.2f}"
+        panel = side_panel(image.shape[0], crop, crop_lm,
+                           [(f"#{t.id}", _color(t.id), f.valence, f.arousal, list(t.trail)) for t, f, _ in faces],
+                           caption)
+        composed = np.concatenate([image, panel], axis=1)
+        t1 = time.perf_counter()
+        if self.writer is None:
+            self.writer = VideoWriter(self.args.output, self.reader.fps, (composed.shape[1], composed.shape[0]))
+        self.writer.write(composed)
+        t2 = time.perf_counter()
+        self.seconds["draw"] += t1 - t0
+        self.seconds["encode"] += t2 - t1
+
+    def close(self) -> Optional[Path]:
+        """Finish every output; returns the video's path if one was written. No frame: nothing is kept."""
+        self.rows.close(keep=self.frames > 0)
+        return self.writer.close() if self.writer else None
+
+
+def _raise_interrupt(signum, frame):  # SIGTERM ends a run like Ctrl-C: outputs are finished, not lost
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    """``demo_video.py``: process the video; 0 when done (or interrupted cleanly), 2 on bad input."""
+    for path in (args.output if not args.no_video else None, args.csv, args.jsonl):
+        if path:
+            check_writable_dir(Path(path).parent if str(Path(path).parent) else Path("."))
+    if args.output and not args.no_video and Path(args.output).suffix.lower() not in (".mp4", ".avi", ".mov", ".m4v"):
+        raise InputError(f"{args.output}: the annotated video needs a .mp4, .avi, .mov or .m4v name")
+    reader = VideoReader(args.video, start=args.start, end=args.end, max_frames=args.max_frames)
+    job = None
+    interrupted = False
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    wall0 = time.perf_counter()
+    try:
+        job = VideoJob(args, reader)
+        wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
+        bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True)
+        for chunk in _chunks(reader, args.batch_size):
+            job.process(chunk)
+            bar.update(len(chunk))
+            bar.set_postfix(faces=job.faces, refresh=False)
+        bar.close()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        reader.close()
+        video = job.close() if job else None
+    wall = time.perf_counter() - wall0
+    if job is None or job.frames == 0:
+        if interrupted:
+            print("interrupted before the first frame", file=sys.stderr)
+            return 130
+        raise InputError(f"{args.video}: no frame could be read (empty, corrupt, or a codec OpenCV cannot decode)")
+    job._sync()
+    _summary(job, reader, wall, video, interrupted)
+    return 130 if interrupted else 0
+
+
+def _summary(job: VideoJob, reader: VideoReader, wall: float, video: Optional[Path], interrupted: bool) -> None:
+    err = sys.stderr
+    job.seconds["decode"] = reader.decode_seconds
+    print(f"\n{'interrupted: ' if interrupted else ''}{job.frames} frames, {job.faces} faces, "
+          f"{job.frames / max(wall, 1e-9):.1f} frames/s end to end ({wall:.2f} s)", file=err)
+    per = ", ".join(f"{k} {1e3 * v / max(job.frames, 1):.2f}" for k, v in job.seconds.items())
+    print(f"time per frame by stage (ms; decode runs in its own thread): {per}", file=err)
+    if job.writer and job.writer.resized:
+        print("note: the video changed frame size; frames were resized to the first frame's size", file=err)
+    for path, what in ((video, "annotated video"), (job.args.csv, "CSV"), (job.args.jsonl, "JSONL")):
+        if path:
+            print(f"{what}: {path}", file=err)
+    print(job.timer.summary().format(f"EmoNet per batch (up to {job.args.batch_size} frames)", "frame"), file=err)
+    if job.engine.untrained:
+        print(f"note: {UNTRAINED_LABEL}", file=err)

@@ -1,0 +1,47 @@
+import numpy as np
+import pytest
+
+from emonet.tracking import SMOOTHING_WEIGHTS, Smoother, Tracker, iou
+
+
+def test_smoothing_is_normalised_over_the_frames_seen():
+    s = Smoother()
+    a, b = np.array([1.0, 2.0]), np.array([3.0, -1.0])
+    assert np.allclose(s(a), a)  # the first frame is not dragged towards zero
+    assert np.allclose(s(b), (0.25 * a + 0.4 * b) / 0.65)
+    for _ in range(10):
+        out = s(b)
+    assert np.allclose(out, b)
+    s2 = Smoother()
+    seq = [np.array([float(i)]) for i in range(7)]
+    for x in seq:
+        out = s2(x)
+    assert out[0] == pytest.approx(np.dot(SMOOTHING_WEIGHTS, [2, 3, 4, 5, 6]) / SMOOTHING_WEIGHTS.sum())
+
+
+def test_ids_stay_with_moving_faces_and_are_never_reused():
+    tracker = Tracker()
+    ids = []
+    for step in range(5):
+        dets = np.array([[100 + 8 * step, 100, 160 + 8 * step, 170, 0.9],
+                         [400 - 8 * step, 120, 450 - 8 * step, 180, 0.8]])
+        ids.append([t.id for t in tracker.update(dets)])
+    assert ids == [[0, 1]] * 5
+    tracker.update(np.zeros((0, 5)))               # both missed once: remembered, not active
+    assert tracker.active == [] and len(tracker.tracks) == 2
+    tracker.update(np.zeros((0, 5)))               # missed twice: dropped
+    assert tracker.tracks == []
+    assert [t.id for t in tracker.update(np.array([[100, 100, 160, 170, 0.9]]))] == [2]
+
+
+def test_a_one_frame_detector_miss_keeps_the_id():
+    tracker = Tracker()
+    face = np.array([[10, 10, 60, 70, 0.9]])
+    assert tracker.update(face)[0].id == 0
+    tracker.update(np.zeros((0, 5)))
+    assert tracker.update(face + [3, 0, 3, 0, 0])[0].id == 0
+
+
+def test_iou():
+    assert iou(np.array([0, 0, 10, 10]), np.array([5, 0, 15, 10])) == pytest.approx(50 / 150)
+    assert iou(np.array([0, 0, 1, 1]), np.array([2, 2, 3, 3])) == 0.0

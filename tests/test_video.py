@@ -1,0 +1,117 @@
+"""demo_video.py end to end on clips the tests write with OpenCV (the test photo moving across a canvas)."""
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_clip(path: Path, frames: int, blank_from: int = 10 ** 9, fps: float = 25.0) -> Path:
+    face = cv2.resize(cv2.imread(str(ROOT / "tests" / "data" / "astronaut.jpg")), (256, 256))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (480, 320))
+    for i in range(frames):
+        canvas = np.full((320, 480, 3), 40, np.uint8)
+        if i < blank_from:
+            x = 10 + 3 * min(i % 120, 120 - i % 120)  # moves right, then back: stays on the canvas
+            canvas[30:286, x:x + 256] = face
+        writer.write(canvas)
+    writer.release()
+    return path
+
+
+def demo_video(*args, **kwargs):
+    return subprocess.run([sys.executable, str(ROOT / "demo_video.py"), *map(str, args)], capture_output=True,
+                          text=True, timeout=300, **kwargs)
+
+
+def frame_count(path: Path) -> int:
+    cap = cv2.VideoCapture(str(path))
+    n = 0
+    while cap.read()[0]:
+        n += 1
+    return n
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    return make_clip(tmp_path_factory.mktemp("clip") / "clip.mp4", frames=25, blank_from=20)
+
+
+def test_video_csv_jsonl_and_stable_ids(clip, tmp_path):
+    out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--batch-size", "4",
+                     "--output", tmp_path / "out.mp4", "--csv", tmp_path / "f.csv", "--jsonl", tmp_path / "f.jsonl",
+                     "--landmarks")
+    assert out.returncode == 0, out.stderr
+    assert frame_count(tmp_path / "out.mp4") == 25
+    cap = cv2.VideoCapture(str(tmp_path / "out.mp4"))
+    assert cap.get(cv2.CAP_PROP_FPS) == pytest.approx(25, abs=0.1)
+    assert cap.get(cv2.CAP_PROP_FRAME_WIDTH) > 480  # the frame and the panel beside it
+    rows = list(csv.DictReader((tmp_path / "f.csv").open()))
+    assert [int(r["frame"]) for r in rows] == list(range(25))  # one face per frame, or one empty row
+    with_face = [r for r in rows if r["face_id"] != ""]
+    assert len(with_face) == 20 and {r["face_id"] for r in with_face} == {"0"}
+    assert all(r["face_id"] == "" and r["valence"] == "" for r in rows[20:])  # "no face", not "not processed"
+    assert rows[0]["detected"] == "1" and float(rows[1]["timestamp"]) == pytest.approx(0.04)
+    assert "x67" in rows[0] and rows[0]["x67"] != ""
+    lines = [json.loads(line) for line in (tmp_path / "f.jsonl").open()]
+    assert len(lines) == 25 and lines[0]["face_id"] == 0 and lines[24]["face_id"] is None
+    assert "frames/s end to end" in out.stderr and "emonet" in out.stderr and "first call" in out.stderr
+    assert not list(tmp_path.glob(".*partial*"))
+
+
+def test_max_frames_start_end_and_no_video(clip, tmp_path):
+    out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--no-video", "--csv",
+                     tmp_path / "f.csv", "--start", "0.2", "--max-frames", "6", "--no-smooth")
+    assert out.returncode == 0, out.stderr
+    frames = [int(r["frame"]) for r in csv.DictReader((tmp_path / "f.csv").open())]
+    assert frames == list(range(5, 11))
+    out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--no-video", "--csv",
+                     tmp_path / "g.csv", "--end", "0.1")
+    assert [int(r["frame"]) for r in csv.DictReader((tmp_path / "g.csv").open())] == [0, 1, 2]
+
+
+def test_an_interrupted_run_keeps_a_playable_video_and_every_finished_row(tmp_path):
+    clip = make_clip(tmp_path / "long.mp4", frames=150)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "demo_video.py"), "--video", str(clip), "--weights", "random",
+                             "--device", "cpu", "--batch-size", "1", "--output", str(tmp_path / "out.mp4"),
+                             "--csv", str(tmp_path / "f.csv")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    partial = tmp_path / ".f.csv.partial"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if partial.exists() and partial.read_text().count("\n") >= 4:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
+    rows = list(csv.DictReader((tmp_path / "f.csv").open()))
+    assert 3 <= len(rows) < 150
+    assert frame_count(tmp_path / "out.mp4") == len(rows)  # the video holds exactly the finished frames
+    assert not partial.exists() and not list(tmp_path.glob(".*partial*"))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d / "missing.mp4", "no such video file"),
+    (lambda d: (d / "notes.mp4").write_text("not a video") and d / "notes.mp4", "not a video OpenCV can open"),
+])
+def test_bad_videos_are_one_clear_line(tmp_path, make, message):
+    out = demo_video("--video", make(tmp_path), "--weights", "random", "--device", "cpu", "--csv", tmp_path / "f.csv")
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "f.csv").exists()
+
+
+def test_unwritable_output_and_wrong_extension(clip, tmp_path):
+    (tmp_path / "file").write_text("x")
+    out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--output", tmp_path / "file" / "o.mp4")
+    assert out.returncode == 2 and "cannot write there" in out.stderr
+    out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--output", tmp_path / "o.gif")
+    assert out.returncode == 2 and ".mp4" in out.stderr

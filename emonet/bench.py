@@ -185,6 +185,105 @@ def profile(mode_name: str, batch: int, device: str, weights: str = "random", st
     return "\n".join(lines)
 
 
+# -- video: end to end, against the released demo's way of working ---------------------------
+
+def make_clip(path: Path, width: int = 1280, height: int = 720, frames: int = 300, fps: float = 30.0) -> Path:
+    """A clip with one face (the test photo) moving across the frame, written with OpenCV (mp4v)."""
+    import cv2
+    import numpy as np
+
+    face = cv2.imread(str(Path(__file__).resolve().parent.parent / "tests" / "data" / "astronaut.jpg"))
+    side = height // 2
+    face = cv2.resize(face, (side, side))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+    rng = np.random.default_rng(0)
+    background = rng.integers(30, 90, (height, width, 3), dtype=np.uint8)
+    for i in range(frames):
+        canvas = background.copy()
+        x = int((width - side) * (0.5 + 0.45 * np.sin(i / 40)))
+        y = int((height - side) * (0.5 + 0.3 * np.cos(i / 55)))
+        canvas[y:y + side, x:x + side] = face
+        writer.write(canvas)
+    writer.release()
+    return path
+
+
+def released_way(clip: Path, device: str, output: Optional[Path]) -> float:
+    """Frames/s of the released demo's way: decode in the loop; every frame detect, crop, batch-1 fp32 EmoNet."""
+    import cv2
+    import torch
+    from .checkpoints import load_model
+    from .detection import BlazeFaceDetector
+    from .drawing import annotate
+    from .engine import Engine, EngineConfig
+    from .pipeline import Pipeline
+    from .runtime import RuntimeConfig, configure
+    from .video import VideoWriter
+
+    dev = configure(RuntimeConfig(device=device, cudnn_benchmark=False))
+    engine = Engine(load_model("random", device="cpu"), dev, EngineConfig(warmup=False), log=lambda m: None)
+    pipeline = Pipeline(engine, BlazeFaceDetector(dev))
+    cap = cv2.VideoCapture(str(clip))
+    writer, frames = None, 0
+    start = time.perf_counter()
+    while True:
+        ok, bgr = cap.read()
+        if not ok:
+            break
+        rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+        faces = pipeline([rgb])[0][:1]  # one face per frame, as the released demo
+        if output is not None:
+            if writer is None:
+                writer = VideoWriter(output, 30.0, (rgb.shape[1], rgb.shape[0]))
+            writer.write(annotate(rgb, faces, engine.class_names))
+        frames += 1
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    elapsed = time.perf_counter() - start
+    if writer:
+        writer.close()
+    return frames / elapsed
+
+
+def decode_only(clip: Path) -> float:
+    """Frames/s of decoding alone, through the same reader the video tool uses."""
+    from .video import VideoReader
+    reader = VideoReader(str(clip))
+    start = time.perf_counter()
+    n = sum(1 for _ in reader)
+    elapsed = time.perf_counter() - start
+    reader.close()
+    return n / elapsed
+
+
+def video_benchmark(clip: Optional[str], device: str, extra: list[str]) -> str:
+    """The video table: decode alone, the released way, and demo_video.py, each analysis-only and with video."""
+    import re
+    with tempfile.TemporaryDirectory(prefix="emonet-video-") as tmp:
+        path = Path(clip) if clip else make_clip(Path(tmp) / "clip720p.mp4")
+        rows = [("decode only (reader thread, RGB)", decode_only(path))]
+        rows.append(("released way, analysis only", released_way(path, device, None)))
+        rows.append(("released way + annotated video", released_way(path, device, Path(tmp) / "released.mp4")))
+        script = Path(__file__).resolve().parent.parent / "demo_video.py"
+        for label, args in (("demo_video.py --no-video", ["--no-video", "--csv", str(Path(tmp) / "f.csv")]),
+                            ("demo_video.py --output (annotated video)", ["--output", str(Path(tmp) / "o.mp4")])):
+            cmd = [sys.executable, str(script), "--video", str(path), "--weights", "random", "--device", device,
+                   *args, *extra]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            m = re.search(r"([\d.]+) frames/s end to end", proc.stderr)
+            rows.append((f"{label} {' '.join(extra)}".strip(), float(m.group(1)) if m else float("nan")))
+            stage = re.search(r"time per frame by stage.*", proc.stderr)
+            if stage:
+                rows.append((f"  ({stage.group(0)})", float("nan")))
+        import cv2
+        cap = cv2.VideoCapture(str(path))
+        size = f"{int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))}x{int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))}, " \
+               f"{int(cap.get(cv2.CAP_PROP_FRAME_COUNT))} frames"
+    lines = [f"Video clip: {size}", "", "| way | frames/s |", "|---|---|"]
+    lines += [f"| {name} | {'' if fps != fps else f'{fps:.1f}'} |" for name, fps in rows]
+    return "\n".join(lines)
+
+
 # -- the whole comparison, one fresh process per measurement ------------------------------------
 
 def _spawn(mode: str, args: argparse.Namespace, cache_dir: str) -> dict:
@@ -281,6 +380,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--profile", default=None, metavar="MODE:BATCH",
                         help="instead of benchmarking, profile one mode at one batch size (GPU), e.g. "
                              "compile-graph:1")
+    parser.add_argument("--video", nargs="?", const="", default=None, metavar="CLIP",
+                        help="instead: end-to-end video frames/s on CLIP (default: a synthetic 720p clip with "
+                             "one face) for decoding alone, the released way and demo_video.py")
     parser.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
@@ -295,6 +397,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                         .split(",")]
     args.iters = args.iters or (3 if args.quick else (10 if cpu else 200))
 
+    if args.video is not None:
+        print(video_benchmark(args.video or None, args.device, []))
+        return 0
     if args.profile:
         mode_name, _, batch = args.profile.partition(":")
         if mode_name not in {m.name for m in MODES}:

@@ -60,6 +60,16 @@ class Pipeline:
                                                                            dtype=torch.uint8)
         return self.engine(batch)
 
+    def warmup(self, shape: tuple = (720, 1280, 3)) -> None:
+        """Run detection, cropping, EmoNet and landmark decoding once on a blank image of ``shape``.
+
+        The engine warms itself at load; this pays the rest of the first image's one-off costs (the
+        detector's autotuning, lazy loading of the decoding kernels) before any real image.
+        """
+        self.detector.warmup(shape)
+        h, w = shape[:2]
+        self([np.zeros(shape, np.uint8)], boxes=[np.array([[w / 4, h / 4, w / 2, h / 2, 1.0]])])
+
     def __call__(self, images: Sequence[np.ndarray],
                  boxes: Optional[Sequence[np.ndarray]] = None) -> list[list[Face]]:
         """Faces of each image; ``boxes`` (per image ``(k, 5)``) skips detection when given."""

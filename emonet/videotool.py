@@ -13,12 +13,15 @@ import argparse
 import csv
 import json
 import os
+import queue
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Optional
 
+import cv2
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -129,6 +132,14 @@ class VideoJob:
         self.names = self.engine.class_names
         self.rows = RowWriter(args.csv, args.jsonl, self.names, args.landmarks)
         self.writer: Optional[VideoWriter] = None
+        # Drawing and encoding run in their own thread (OpenCV releases the GIL), overlapping the next
+        # chunk's detection and EmoNet; the bounded queue keeps memory flat and frames in order.
+        self._draw_queue: "queue.Queue" = queue.Queue(maxsize=2 * args.batch_size + 2)
+        self._draw_error: Optional[BaseException] = None
+        self._draw_thread: Optional[threading.Thread] = None
+        if args.output and not args.no_video:
+            self._draw_thread = threading.Thread(target=self._draw_loop, name="emonet-encode", daemon=True)
+            self._draw_thread.start()
         self.seconds = dict.fromkeys(STAGES, 0.0)
         self.timer = LatencyTimer(self.engine.device)
         self.frames = self.faces = 0
@@ -216,21 +227,50 @@ class VideoJob:
             self._draw_and_encode(frame, faces)
         self.rows.flush()
 
-    def _draw_and_encode(self, frame: Frame, faces) -> None:
-        if self.args.no_video or not self.args.output:
-            return
+    def warmup(self, shape: tuple) -> float:
+        """Pay the detector's autotuning and the first kernels before the first frame (GPU only); seconds."""
+        if self.engine.device.type != "cuda":
+            return 0.0
         t0 = time.perf_counter()
-        image = annotate(frame.image, [f for _, f, _ in faces], self.names, self.banner,
-                         labels=[f"#{t.id}" for t, _, _ in faces])
+        self.detector.warmup(shape)
+        landmarks_to_image(self.engine(torch.zeros(1, 3, 256, 256, dtype=torch.uint8))["heatmap"],
+                           [np.eye(2, 3)])
+        self._sync()
+        return time.perf_counter() - t0
+
+    def _draw_and_encode(self, frame: Frame, faces) -> None:
+        if self._draw_thread is None:
+            return
+        if self._draw_error is not None:
+            raise self._draw_error
+        snapshot = [(t.id, f, d, list(t.trail)) for t, f, d in faces]  # the tracks move on; the frame must not
+        self._draw_queue.put((frame, snapshot))
+
+    def _draw_loop(self) -> None:
+        try:
+            while True:
+                item = self._draw_queue.get()
+                if item is None:
+                    return
+                self._draw_one(*item)
+        except BaseException as exc:  # surfaced in the main thread at the next frame
+            self._draw_error = exc
+            while self._draw_queue.get() is not None:  # keep the producer from blocking
+                pass
+
+    def _draw_one(self, frame: Frame, faces) -> None:
+        t0 = time.perf_counter()
+        image = annotate(frame.image, [f for _, f, _, _ in faces], self.names, self.banner,
+                         labels=[f"#{tid}" for tid, _, _, _ in faces])
         crop = crop_lm = None
         caption = "no face"
         if faces:
-            track, face, _ = max(faces, key=lambda tf: (tf[1].box[2] - tf[1].box[0]))
+            tid, face, _, _ = max(faces, key=lambda item: (item[1].box[2] - item[1].box[0]))
             crop = warp_crops(frame.image, [face.matrix])[0]
             crop_lm = apply(face.matrix, face.landmarks)
-            caption = f"#{track.id} {self.names[face.expression]} {face.probabilities[face.expression]:.2f}"
+            caption = f"#{tid} {self.names[face.expression]} {face.probabilities[face.expression]:.2f}"
         panel = side_panel(image.shape[0], crop, crop_lm,
-                           [(f"#{t.id}", _color(t.id), f.valence, f.arousal, list(t.trail)) for t, f, _ in faces],
+                           [(f"#{tid}", _color(tid), f.valence, f.arousal, trail) for tid, f, _, trail in faces],
                            caption)
         composed = np.concatenate([image, panel], axis=1)
         t1 = time.perf_counter()
@@ -243,6 +283,9 @@ class VideoJob:
 
     def close(self) -> Optional[Path]:
         """Finish every output; returns the video's path if one was written. No frame: nothing is kept."""
+        if self._draw_thread is not None:
+            self._draw_queue.put(None)  # every queued frame is finished, so it is drawn and kept
+            self._draw_thread.join()
         self.rows.close(keep=self.frames > 0)
         return self.writer.close() if self.writer else None
 
@@ -265,6 +308,11 @@ def run(args: argparse.Namespace) -> int:
     wall0 = time.perf_counter()
     try:
         job = VideoJob(args, reader)
+        shape = (int(reader.capture.get(cv2.CAP_PROP_FRAME_HEIGHT)) or 720,
+                 int(reader.capture.get(cv2.CAP_PROP_FRAME_WIDTH)) or 1280, 3)
+        warm = job.warmup(shape)
+        if warm:
+            print(f"pipeline warm-up (detector autotuning, first kernels): {warm:.2f} s", file=sys.stderr)
         wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
         bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True)
         for chunk in _chunks(reader, args.batch_size):
@@ -295,7 +343,8 @@ def _summary(job: VideoJob, reader: VideoReader, wall: float, video: Optional[Pa
     print(f"\n{'interrupted: ' if interrupted else ''}{job.frames} frames, {job.faces} faces, "
           f"{job.frames / max(wall, 1e-9):.1f} frames/s end to end ({wall:.2f} s)", file=err)
     per = ", ".join(f"{k} {1e3 * v / max(job.frames, 1):.2f}" for k, v in job.seconds.items())
-    print(f"time per frame by stage (ms; decode runs in its own thread): {per}", file=err)
+    print(f"time per frame by stage (ms; decode, and draw + encode, run in threads of their own beside "
+          f"detect, crop and EmoNet): {per}", file=err)
     if job.writer and job.writer.resized:
         print("note: the video changed frame size; frames were resized to the first frame's size", file=err)
     for path, what in ((video, "annotated video"), (job.args.csv, "CSV"), (job.args.jsonl, "JSONL")):

@@ -72,3 +72,12 @@ def test_landmarks_go_back_to_image_coordinates():
 
 def test_landmarks_box():
     assert landmarks_box(np.array([[3, 4], [10, 1], [5, 9]])).tolist() == [3, 1, 10, 9]
+
+
+def test_device_warp_equals_opencv_warp():
+    from emonet.geometry import to_tensor, warp_crops_torch
+    image = (np.random.default_rng(1).random((200, 300, 3)) * 255).astype(np.uint8)
+    mats = [box_to_matrix([50, 40, 150, 160]), box_to_matrix([-30, 100, 90, 260])]  # one partly outside
+    ref = to_tensor(warp_crops(image, mats)).int()
+    got = warp_crops_torch(torch.from_numpy(image).permute(2, 0, 1), mats).int()
+    assert (ref - got).abs().max() <= 1  # rounding only

@@ -14,7 +14,7 @@ import torch
 
 from .detection import FaceDetector, WholeImageDetector
 from .engine import Engine
-from .geometry import CROP_SIZE, box_to_matrix, landmarks_box, landmarks_to_image, to_tensor, warp_crops
+from .geometry import CROP_SIZE, box_to_matrix, crop_faces, landmarks_box, landmarks_to_image, to_tensor
 
 
 @dataclass
@@ -47,17 +47,16 @@ class Pipeline:
         self.refine = refine and not isinstance(detector, WholeImageDetector)
         self.max_faces = max_faces
 
-    def crops(self, image: np.ndarray, matrices: Sequence[np.ndarray]) -> np.ndarray:
-        """The face crops of one image, ``(k, 256, 256, 3)`` uint8."""
+    def crops(self, image: np.ndarray, matrices: Sequence[np.ndarray]) -> torch.Tensor:
+        """The face crops of one image, ``(k, 3, 256, 256)`` uint8 on the engine's device."""
         if isinstance(self.detector, WholeImageDetector):
             # Exactly the released demo's preprocessing: the whole image resized to 256x256.
-            return cv2.resize(image, (CROP_SIZE, CROP_SIZE))[None]
-        return warp_crops(image, matrices)
+            return to_tensor(cv2.resize(image, (CROP_SIZE, CROP_SIZE))[None])
+        return crop_faces(image, matrices, self.engine.device)
 
     def _predict(self, images, matrices_per_image) -> dict[str, torch.Tensor]:
         crops = [self.crops(img, mats) for img, mats in zip(images, matrices_per_image) if len(mats)]
-        batch = to_tensor(np.concatenate(crops)) if crops else torch.zeros(0, 3, CROP_SIZE, CROP_SIZE,
-                                                                           dtype=torch.uint8)
+        batch = torch.cat(crops) if crops else torch.zeros(0, 3, CROP_SIZE, CROP_SIZE, dtype=torch.uint8)
         return self.engine(batch)
 
     def warmup(self, shape: tuple = (720, 1280, 3)) -> None:

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from .checkpoints import UNTRAINED_LABEL
 from .cli import build_detector, build_engine
 from .drawing import PALETTE, annotate, side_panel
-from .geometry import apply, landmarks_to_image, to_tensor, warp_crops
+from .geometry import apply, crop_faces, landmarks_to_image, warp_crops
 from .images import InputError, check_writable_dir
 from .pipeline import Face
 from .timing import LatencyTimer
@@ -179,8 +179,9 @@ class VideoJob:
                             else self.detector.crop_matrix(t.box, frame.image.shape), False)
                            for t in self.tracker.active]
             plan.append(entries)
-        crops = [warp_crops(f.image, [m for _, m, _ in entries]) for f, entries in zip(chunk, plan) if entries]
-        batch = to_tensor(np.concatenate(crops)) if crops else None
+        crops = [crop_faces(f.image, [m for _, m, _ in entries], self.engine.device)
+                 for f, entries in zip(chunk, plan) if entries]
+        batch = torch.cat(crops) if crops else None
         t2 = time.perf_counter()
         self.seconds["crop"] += t2 - t1
 

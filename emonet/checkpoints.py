@@ -23,6 +23,7 @@ import torch
 from .classes import EXPRESSIONS_5, EXPRESSIONS_8
 from .models import EmoNet
 
+UNTRAINED_LABEL = "untrained weights — predictions are meaningless"  # shown wherever "random" weights run
 LICENCE = (
     "The released EmoNet weights are licensed CC BY-NC-ND 4.0 by their authors "
     "(Toisoul et al., 2021): non-commercial use only, no redistribution of modified weights."
@@ -245,5 +246,3 @@ def load_model(weights: Union[str, Path] = "pretrained", n_expression: Optional[
     model.weights_source = str(path)
     return model.to(dev).eval()
 
-
-UNTRAINED_LABEL = "untrained weights — predictions are meaningless"

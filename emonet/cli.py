@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import Callable, Sequence
 
 from .checkpoints import UNTRAINED_LABEL, CheckpointError, load_model
@@ -48,7 +49,7 @@ def build_engine(args: argparse.Namespace, batch_sizes: Sequence[int] = (1, 4, 1
         # Exact, and 1.3x faster on the CPU. No warm-up: the CPU has nothing to autotune, and a
         # batch-16 warm-up would cost seconds.
         config = EngineConfig(channels_last=True, fold_bn=True, warmup=False)
-    engine = Engine(model, device, EngineConfig(**{**config.__dict__, "batch_sizes": tuple(batch_sizes)}))
+    engine = Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)))
     print(f"EmoNet ({model.n_expression} classes, {args.weights}) on {describe(runtime, device)}; "
           f"engine {engine.config.name}", file=sys.stderr)
     if engine.untrained:

@@ -19,6 +19,10 @@ import numpy as np
 
 from .images import InputError
 
+# FFmpeg's own messages ("moov atom not found", ...) would precede our one-line errors; OpenCV reads
+# this when its FFmpeg backend starts. -8 is AV_LOG_QUIET.
+os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
+
 
 @dataclass
 class Frame:
@@ -38,10 +42,16 @@ class VideoReader:
         camera = isinstance(source, int) or (isinstance(source, str) and source.isdigit())
         if not camera and not Path(source).is_file():
             raise InputError(f"{source}: no such video file")
-        self.capture = cv2.VideoCapture(int(source) if camera else str(source))
+        previous = cv2.utils.logging.getLogLevel()
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)  # our one line says what is wrong
+        try:
+            self.capture = cv2.VideoCapture(int(source) if camera else str(source))
+        finally:
+            cv2.utils.logging.setLogLevel(previous)
         if not self.capture.isOpened():
-            what = "camera" if camera else "video OpenCV can open (not a video, corrupt, or an unknown codec)"
-            raise InputError(f"{source}: not a {what}")
+            if camera:
+                raise InputError(f"camera {source} could not be opened (no camera there, or it is in use)")
+            raise InputError(f"{source}: not a video OpenCV can open (not a video, corrupt, or an unknown codec)")
         self.fps = self.capture.get(cv2.CAP_PROP_FPS) or 0.0
         if not (0 < self.fps < 1000):
             self.fps = 30.0  # cameras and some files report nothing usable

@@ -33,7 +33,7 @@ class EngineConfig:
     precision: str = "fp32"                 # fp32 | tf32 | fp16 | bf16
     channels_last: bool = False
     fold_bn: bool = False
-    compile: Optional[str] = None           # None | "default" | "max-autotune"
+    compile: Optional[str] = None           # None | "default" | "max-autotune" | "aot" (AOTInductor package)
     freeze: bool = False                    # inductor freezing: constant-folds weights, but bypasses the on-disk graph cache
     cuda_graphs: bool = False
     batch_sizes: Sequence[int] = (1,)       # captured (graphs) or warmed-up batch sizes; larger input is chunked
@@ -62,6 +62,7 @@ PRESETS: Dict[str, EngineConfig] = {
                              cuda_graphs=True),
     "max": EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="max-autotune",
                         cuda_graphs=True),
+    "aot": EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="aot", cuda_graphs=True),
 }
 
 
@@ -116,7 +117,12 @@ class Engine:
         if self.config.channels_last:
             net = net.to(memory_format=torch.channels_last)
         self.model = net
-        self._forward = self._compiled(net) if self.config.compile else net
+        if self.config.compile == "aot":
+            self._forward = self._aot_package(net)
+        elif self.config.compile:
+            self._forward = self._compiled(net)
+        else:
+            self._forward = net
         self._graphs: Dict[int, tuple] = {}  # batch size -> (graph, static input, static outputs)
         if self.config.warmup:
             self.warmup()
@@ -153,6 +159,33 @@ class Engine:
         mode = "max-autotune-no-cudagraphs" if self.config.compile == "max-autotune" else "default"
         return torch.compile(net, mode=mode, dynamic=False, fullgraph=True)
 
+    def _aot_package(self, net: nn.Module):
+        """Load (building it once) an AOTInductor package of ``net``: compiled code with no tracing at start.
+
+        The package is keyed by everything that changes the code or the weights baked into it.
+        """
+        import hashlib
+        from torch.export import Dim
+
+        digest = hashlib.sha1()
+        for key, value in net.state_dict().items():
+            digest.update(key.encode())
+            digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        digest.update(f"{torch.__version__}|{torch.version.cuda}|{device_name}|{self.config.name}".encode())
+        folder = _compile_cache_dir(self.config) / "aot"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"emonet-{digest.hexdigest()[:20]}.pt2"
+        if not path.is_file():
+            self._log(f"engine: building the AOTInductor package {path.name} (once; minutes)")
+            example = self._prepare(torch.zeros(2, 3, 256, 256, dtype=torch.uint8))
+            with torch.inference_mode(False), torch.no_grad():
+                exported = torch.export.export(net, (example,), dynamic_shapes=({0: Dim("batch", min=1, max=1024)},))
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.partial.pt2")
+                torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp))
+            os.replace(tmp, path)
+        return torch._inductor.aoti_load_package(str(path))
+
     # -- running -------------------------------------------------------------------------------
     def _prepare(self, crops: torch.Tensor) -> torch.Tensor:
         x = crops.to(self.device, non_blocking=True)
@@ -164,7 +197,7 @@ class Engine:
         return x
 
     def _call_model(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
-        if self.config.compile and x.shape[0] > 1:
+        if self.config.compile in ("default", "max-autotune") and x.shape[0] > 1:
             # One compiled graph serves every batch size > 1 (1 is always specialised): convolutions
             # stay cuDNN calls chosen at run time, so a dynamic batch costs little and saves a
             # compilation per size.

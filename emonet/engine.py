@@ -261,7 +261,7 @@ class Engine:
             torch.cuda.synchronize(self.device)
         self.warmup_ms = (time.perf_counter() - t0) * 1e3
         paid = [name for name, on in (("cuDNN autotuning", self.device.type == "cuda"),
-                                      ("compilation", bool(self.config.compile)),
+                                      ("compilation", self.config.compile in ("default", "max-autotune")),
                                       ("CUDA graph capture", self.config.cuda_graphs)) if on]
         self._log(f"engine warm-up ({self.config.name}, batch sizes "
                   f"{', '.join(map(str, self.config.batch_sizes))}): {self.warmup_ms / 1e3:.2f} s "

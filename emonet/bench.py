@@ -343,8 +343,10 @@ def _spawn(mode: str, args: argparse.Namespace, cache_dir: str) -> dict:
     wall = time.perf_counter() - t
     try:
         if proc.returncode != 0:
-            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            return {"mode": mode, "error": tail[:300], "process_s": wall}
+            lines = proc.stderr.strip().splitlines() or ["no output"]
+            # The exception line, not a warning printed after it.
+            errors = [l for l in lines if not l.startswith(" ") and ("Error" in l or "Exception" in l)]
+            return {"mode": mode, "error": (errors or lines)[-1][:300], "process_s": wall}
         result = json.loads(Path(out).read_text())
         result["process_s"] = wall
         return result

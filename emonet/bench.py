@@ -57,7 +57,8 @@ MODES = [
     Mode("compile-freeze-graph", "compile-graph with inductor freezing (no on-disk graph cache)",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default", "freeze": True,
           "cuda_graphs": True}, compiled=True),
-    Mode("aot-graph", "AOTInductor package fp16, channels_last, CUDA graphs (no tracing at start)",
+    Mode("aot-graph", "AOTInductor package fp16, channels_last, CUDA graphs (no tracing at start; "
+                      "needs EMONET_ALLOW_AOT_CUDA=1 on CUDA)",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "aot", "cuda_graphs": True},
          compiled=True),
     Mode("max-autotune-graph", "torch.compile max-autotune fp16, channels_last, CUDA graphs",

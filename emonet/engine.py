@@ -62,7 +62,6 @@ PRESETS: Dict[str, EngineConfig] = {
                              cuda_graphs=True),
     "max": EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="max-autotune",
                         cuda_graphs=True),
-    "aot": EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="aot", cuda_graphs=True),
 }
 
 
@@ -141,6 +140,12 @@ class Engine:
         elif config.precision == "bf16" and cuda and not torch.cuda.is_bf16_supported():
             changes["precision"] = "fp16"
             notes.append("this GPU has no bf16; using fp16")
+        if config.compile == "aot" and cuda and not os.environ.get("EMONET_ALLOW_AOT_CUDA"):
+            # Seen 2026-11-22 on an H100 with torch 2.11+cu130: the package built, then loading it
+            # segfaulted inside torch's aoti_load_package. A crash cannot be caught, so refuse up front.
+            raise ValueError("compile='aot' is disabled on CUDA: loading the AOTInductor package crashed torch "
+                             "2.11 (docs/PERFORMANCE.md); use compile='default', or set EMONET_ALLOW_AOT_CUDA=1 "
+                             "to try it on another torch")
         if notes:
             print(f"engine: {'; '.join(notes)}", file=sys.stderr)
         return replace(config, **changes)

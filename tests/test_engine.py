@@ -77,3 +77,11 @@ def test_cuda_graph_mode_agrees_with_fp32(reference_model):
                                                             batch_sizes=(1, 8)))
     agreement = compare(engine, reference_model.to("cuda:0"), real_face_crops(11))
     assert agreement.ok, agreement.format()
+
+
+def test_aot_mode_is_refused_on_cuda_where_it_crashed(reference_model, monkeypatch):
+    monkeypatch.delenv("EMONET_ALLOW_AOT_CUDA", raising=False)
+    engine = Engine.__new__(Engine)
+    engine.device = torch.device("cuda:0")  # the check needs no GPU: it refuses before using one
+    with pytest.raises(ValueError, match="compile='aot' is disabled on CUDA"):
+        engine._available(EngineConfig(compile="aot"))

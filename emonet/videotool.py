@@ -104,6 +104,37 @@ class RowWriter:
         self.files = []
 
 
+class _Stage:
+    """A worker thread fed through a bounded queue, in order; its error is raised in the producer."""
+
+    def __init__(self, name: str, handle, size: int) -> None:
+        self.handle = handle
+        self.queue: "queue.Queue" = queue.Queue(maxsize=size)
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+
+    def put(self, item) -> None:
+        """Hand over one item (blocks while the queue is full, which keeps memory flat)."""
+        if self.error is not None:
+            raise InputError(f"writing the annotated video failed: {self.error}")
+        self.queue.put(item)
+
+    def _loop(self) -> None:
+        try:
+            while (item := self.queue.get()) is not None:
+                self.handle(item)
+        except BaseException as exc:
+            self.error = exc
+            while self.queue.get() is not None:  # keep the producer from blocking
+                pass
+
+    def finish(self) -> None:
+        """Handle everything queued, then stop."""
+        self.queue.put(None)
+        self.thread.join()
+
+
 def _chunks(frames, size: int):
     chunk = []
     for frame in frames:
@@ -132,14 +163,12 @@ class VideoJob:
         self.names = self.engine.class_names
         self.rows = RowWriter(args.csv, args.jsonl, self.names, args.landmarks)
         self.writer: Optional[VideoWriter] = None
-        # Drawing and encoding run in their own thread (OpenCV releases the GIL), overlapping the next
-        # chunk's detection and EmoNet; the bounded queue keeps memory flat and frames in order.
-        self._draw_queue: "queue.Queue" = queue.Queue(maxsize=2 * args.batch_size + 2)
-        self._draw_error: Optional[BaseException] = None
-        self._draw_thread: Optional[threading.Thread] = None
+        # Drawing and encoding each run in a thread of their own (OpenCV releases the GIL), overlapping
+        # each other and the next chunk's detection and EmoNet; bounded queues keep memory flat and order.
+        self._draw = self._encode = None
         if args.output and not args.no_video:
-            self._draw_thread = threading.Thread(target=self._draw_loop, name="emonet-encode", daemon=True)
-            self._draw_thread.start()
+            self._encode = _Stage("emonet-encode", self._encode_one, 2 * args.batch_size + 2)
+            self._draw = _Stage("emonet-draw", lambda item: self._draw_one(*item), 2 * args.batch_size + 2)
         self.seconds = dict.fromkeys(STAGES, 0.0)
         self.timer = LatencyTimer(self.engine.device)
         self.frames = self.faces = 0
@@ -240,24 +269,10 @@ class VideoJob:
         return time.perf_counter() - t0
 
     def _draw_and_encode(self, frame: Frame, faces) -> None:
-        if self._draw_thread is None:
+        if self._draw is None:
             return
-        if self._draw_error is not None:
-            raise self._draw_error
         snapshot = [(t.id, f, d, list(t.trail)) for t, f, d in faces]  # the tracks move on; the frame must not
-        self._draw_queue.put((frame, snapshot))
-
-    def _draw_loop(self) -> None:
-        try:
-            while True:
-                item = self._draw_queue.get()
-                if item is None:
-                    return
-                self._draw_one(*item)
-        except BaseException as exc:  # surfaced in the main thread at the next frame
-            self._draw_error = exc
-            while self._draw_queue.get() is not None:  # keep the producer from blocking
-                pass
+        self._draw.put((frame, snapshot))
 
     def _draw_one(self, frame: Frame, faces) -> None:
         t0 = time.perf_counter()
@@ -274,21 +289,27 @@ class VideoJob:
                            [(f"#{tid}", _color(tid), f.valence, f.arousal, trail) for tid, f, _, trail in faces],
                            caption)
         composed = np.concatenate([image, panel], axis=1)
-        t1 = time.perf_counter()
+        self.seconds["draw"] += time.perf_counter() - t0
+        self._encode.put(composed)
+
+    def _encode_one(self, composed: np.ndarray) -> None:
+        t0 = time.perf_counter()
         if self.writer is None:
             self.writer = VideoWriter(self.args.output, self.reader.fps, (composed.shape[1], composed.shape[0]))
         self.writer.write(composed)
-        t2 = time.perf_counter()
-        self.seconds["draw"] += t1 - t0
-        self.seconds["encode"] += t2 - t1
+        self.seconds["encode"] += time.perf_counter() - t0
 
     def close(self) -> Optional[Path]:
         """Finish every output; returns the video's path if one was written. No frame: nothing is kept."""
-        if self._draw_thread is not None:
-            self._draw_queue.put(None)  # every queued frame is finished, so it is drawn and kept
-            self._draw_thread.join()
+        if self._draw is not None:  # every queued frame is finished, so it is drawn, encoded and kept
+            self._draw.finish()
+            self._encode.finish()
         self.rows.close(keep=self.frames > 0)
-        return self.writer.close() if self.writer else None
+        video = self.writer.close() if self.writer else None
+        failed = next((st.error for st in (self._draw, self._encode) if st is not None and st.error), None)
+        if failed is not None:  # after the files are finished: what was written is kept
+            raise InputError(f"writing the annotated video failed: {failed}")
+        return video
 
 
 def _raise_interrupt(signum, frame):  # SIGTERM ends a run like Ctrl-C: outputs are finished, not lost
@@ -344,7 +365,7 @@ def _summary(job: VideoJob, reader: VideoReader, wall: float, video: Optional[Pa
     print(f"\n{'interrupted: ' if interrupted else ''}{job.frames} frames, {job.faces} faces, "
           f"{job.frames / max(wall, 1e-9):.1f} frames/s end to end ({wall:.2f} s)", file=err)
     per = ", ".join(f"{k} {1e3 * v / max(job.frames, 1):.2f}" for k, v in job.seconds.items())
-    print(f"time per frame by stage (ms; decode, and draw + encode, run in threads of their own beside "
+    print(f"time per frame by stage (ms; decode, draw and encode run in threads of their own beside "
           f"detect, crop and EmoNet): {per}", file=err)
     if job.writer and job.writer.resized:
         print("note: the video changed frame size; frames were resized to the first frame's size", file=err)

@@ -460,6 +460,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         Path(args.child_out).write_text(json.dumps(result))
         return 0
 
+    if args.weights not in ("random", "pretrained"):
+        from .checkpoints import CheckpointError, read_state_dict
+        try:  # once here, so a bad path is one line, not a failure in every child process
+            read_state_dict(args.weights)
+        except CheckpointError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     names = args.modes.split(",") if args.modes else (CPU_DEFAULT if cpu else GPU_DEFAULT)
     unknown = [n for n in names if n not in {m.name for m in MODES}]
     if unknown:
@@ -498,7 +505,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             tmp_path = Path(f"{path}.tmp")
             tmp_path.write_text(content)
             os.replace(tmp_path, path)
-    return 0
+    failed = [r["mode"] for r in rows if "error" in r["cold"]]
+    if failed:
+        print(f"error: {len(failed)} mode(s) failed: {', '.join(failed)} (see the table)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,17 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--weights", "missing.pth"], "checkpoint not found"),
+    (["--modes", "warp-speed"], "unknown mode(s) warp-speed"),
+])
+def test_bad_arguments_fail_fast_with_one_line(args, message):
+    out = subprocess.run([sys.executable, "-m", "emonet.bench", "--device", "cpu", "--quick", *args],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr

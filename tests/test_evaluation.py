@@ -14,9 +14,16 @@ from tests.affectnet_fixture import make_affectnet
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def evaluate(*args, torchrun=0):
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(torchrun),
-                "--master-port", "29517"] if torchrun else [sys.executable]
+                "--master-addr", "127.0.0.1", "--master-port", str(_free_port())] if torchrun else [sys.executable]
     return subprocess.run([*launcher, str(ROOT / "test.py"), *map(str, args)], capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
 

@@ -17,7 +17,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    import torch
 
 _T0 = time.perf_counter()  # process start, as near as Python lets us see it
 
@@ -74,7 +77,6 @@ def real_face_crops(n: int = 16) -> "torch.Tensor":
     """``n`` real 256x256 face crops (uint8): the test photo's face with small shifts, zooms and flips."""
     import cv2
     import numpy as np
-    import torch
     from .geometry import box_to_matrix, to_tensor, warp_crops
 
     photo = Path(__file__).resolve().parent.parent / "tests" / "data" / "astronaut.jpg"
@@ -195,7 +197,6 @@ def warp_benchmark(device: str, repeats: int = 50) -> str:
     """Median ms to cut 1, 4 and 16 face crops from a 720p frame (uint8 in host memory, crops on the device)."""
     import statistics
     import cv2
-    import numpy as np
     import torch
     from .geometry import box_to_matrix, to_tensor, warp_crops, warp_crops_torch
 

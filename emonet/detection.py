@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-import cv2
 import numpy as np
 import torch
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 from tqdm import tqdm
 
 from . import __version__
@@ -66,11 +64,7 @@ def run(args: argparse.Namespace) -> int:
     engine = build_engine(args)
     detector = build_detector(args, engine)
     pipeline = Pipeline(engine, detector, refine=args.refine)
-    if engine.device.type == "cuda":  # the CPU has no autotuning or lazy kernel loading to pay ahead
-        t0 = time.perf_counter()
-        pipeline.warmup()
-        print(f"pipeline warm-up (detector autotuning, first kernels): {time.perf_counter() - t0:.2f} s",
-              file=sys.stderr)
+    pipeline.warmup()
     names = engine.class_names
     banner = f"EmoNet: {UNTRAINED_LABEL}" if engine.untrained else None
 

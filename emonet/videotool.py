@@ -31,7 +31,7 @@ from .cli import build_detector, build_engine
 from .drawing import PALETTE, annotate, side_panel
 from .geometry import apply, crop_faces, landmarks_to_image, warp_crops
 from .images import InputError, check_writable_dir
-from .pipeline import Face
+from .pipeline import Face, Pipeline
 from .timing import LatencyTimer
 from .tracking import Track, Tracker
 from .video import Frame, VideoReader, VideoWriter
@@ -257,17 +257,6 @@ class VideoJob:
             self._draw_and_encode(frame, faces)
         self.rows.flush()
 
-    def warmup(self, shape: tuple) -> float:
-        """Pay the detector's autotuning and the first kernels before the first frame (GPU only); seconds."""
-        if self.engine.device.type != "cuda":
-            return 0.0
-        t0 = time.perf_counter()
-        self.detector.warmup(shape)
-        landmarks_to_image(self.engine(torch.zeros(1, 3, 256, 256, dtype=torch.uint8))["heatmap"],
-                           [np.eye(2, 3)])
-        self._sync()
-        return time.perf_counter() - t0
-
     def _draw_and_encode(self, frame: Frame, faces) -> None:
         if self._draw is None:
             return
@@ -332,9 +321,7 @@ def run(args: argparse.Namespace) -> int:
         job = VideoJob(args, reader)
         shape = (int(reader.capture.get(cv2.CAP_PROP_FRAME_HEIGHT)) or 720,
                  int(reader.capture.get(cv2.CAP_PROP_FRAME_WIDTH)) or 1280, 3)
-        warm = job.warmup(shape)
-        if warm:
-            print(f"pipeline warm-up (detector autotuning, first kernels): {warm:.2f} s", file=sys.stderr)
+        Pipeline(job.engine, job.detector).warmup(shape)
         wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
         bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True)
         for chunk in _chunks(reader, args.batch_size):

@@ -57,6 +57,9 @@ MODES = [
     Mode("compile-graph", "torch.compile (default) fp16, channels_last, CUDA graphs",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default",
           "cuda_graphs": True}, compiled=True),
+    Mode("compile-static-graph", "compile-graph with one specialised graph per batch size",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default",
+          "dynamic_batch": False, "cuda_graphs": True}, compiled=True),
     Mode("compile-freeze-graph", "compile-graph with inductor freezing (no on-disk graph cache)",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default", "freeze": True,
           "cuda_graphs": True}, compiled=True),
@@ -356,6 +359,23 @@ def _spawn(mode: str, args: argparse.Namespace, cache_dir: str) -> dict:
         Path(out).unlink(missing_ok=True)
 
 
+def startup_floor(device: str) -> dict:
+    """What any fresh process pays before EmoNet can start: Python with ``import torch``, and the CUDA context.
+
+    Measured in a child that imports nothing of emonet, so "start to first result" can be read against it.
+    """
+    code = ("import json, sys, time; t0 = time.perf_counter(); import torch; t1 = time.perf_counter(); "
+            "d = torch.device(sys.argv[1]); torch.zeros(1, device=d); "
+            "torch.cuda.synchronize(d) if d.type == 'cuda' else None; t2 = time.perf_counter(); "
+            "print(json.dumps({'import_torch_s': t1 - t0, 'device_init_s': t2 - t1}))")
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code, device], capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "process_s": wall}
+
+
 def _fmt(v, spec=".2f", none="–") -> str:
     return none if v is None else format(v, spec)
 
@@ -489,18 +509,23 @@ def main(argv: Optional[list[str]] = None) -> int:
                 Path(args.json).write_text(json.dumps({"partial": True, "modes": rows}, indent=2))
 
     env = environment(args.device)
+    floor = startup_floor(args.device)
+    floor_line = (f"Start-up floor (a fresh process that only imports torch and touches {args.device}): "
+                  f"import torch {floor['import_torch_s']:.2f} s, device init {floor['device_init_s']:.2f} s, "
+                  f"whole process {floor['process_s']:.2f} s." if "error" not in floor
+                  else f"Start-up floor: not measured ({floor['error']})")
     command = "python -m emonet.bench " + " ".join(sys.argv[1:] if argv is None else argv)
     lines = [f"Command: `{command}`", "",
              f"Device: {env.get('gpu', 'CPU')} ({args.device}); torch {env['torch']}, CUDA {env['cuda']}, "
              f"cuDNN {env['cudnn']}, Python {env['python']}, {env['cpu_count']} CPU cores", "",
-             *_table(rows), "", "Throughput (crops/s, steady state):", "",
+             *_table(rows), "", floor_line, "", "Throughput (crops/s, steady state):", "",
              *_throughput_table(rows, args.batch_sizes), ""]
     for r in rows:
         if r["cold"].get("check"):
             lines.append(f"- {r['mode']}: {r['cold']['check']}")
     text = "\n".join(lines)
     print(text)
-    report = {"command": command, "environment": env, "modes": rows}
+    report = {"command": command, "environment": env, "startup_floor": floor, "modes": rows}
     for path, content in ((args.json, json.dumps(report, indent=2)), (args.markdown, text + "\n")):
         if path:
             tmp_path = Path(f"{path}.tmp")

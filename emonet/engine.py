@@ -37,6 +37,7 @@ class EngineConfig:
     freeze: bool = False                    # inductor freezing: constant-folds weights, but bypasses the on-disk graph cache
     cuda_graphs: bool = False
     batch_sizes: Sequence[int] = (1,)       # captured (graphs) or warmed-up batch sizes; larger input is chunked
+    dynamic_batch: bool = True              # compile: one graph for every batch > 1 (False: one per batch size)
     warmup: bool = True
     cache_dir: Optional[str] = None         # torch.compile caches; default ~/.cache/emonet/compile
 
@@ -50,6 +51,8 @@ class EngineConfig:
             parts.append("fold")
         if self.compile:
             parts.append("compile" if self.compile == "default" else self.compile)
+            if not self.dynamic_batch:
+                parts.append("static")
         if self.cuda_graphs:
             parts.append("graph")
         return "+".join(parts)
@@ -162,6 +165,8 @@ class Engine:
         import torch._inductor.config as inductor_config
         inductor_config.freezing = self.config.freeze
         mode = "max-autotune-no-cudagraphs" if self.config.compile == "max-autotune" else "default"
+        # dynamic=False: a new batch size gets its own specialised graph unless marked dynamic (dynamo
+        # keeps up to 8 graphs per function, more than the batch sizes the tools use).
         return torch.compile(net, mode=mode, dynamic=False, fullgraph=True)
 
     def _aot_package(self, net: nn.Module):
@@ -202,10 +207,11 @@ class Engine:
         return x
 
     def _call_model(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
-        if self.config.compile in ("default", "max-autotune") and x.shape[0] > 1:
+        if self.config.compile in ("default", "max-autotune") and self.config.dynamic_batch and x.shape[0] > 1:
             # One compiled graph serves every batch size > 1 (1 is always specialised): convolutions
             # stay cuDNN calls chosen at run time, so a dynamic batch costs little and saves a
-            # compilation per size.
+            # compilation per size. dynamic_batch=False trades those compilations for kernels
+            # specialised to each size (the benchmark measures both).
             torch._dynamo.mark_dynamic(x, 0)
         return self._forward(x)
 

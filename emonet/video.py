@@ -16,6 +16,7 @@ from typing import Iterator, Optional, Union
 
 import cv2
 import numpy as np
+import torch
 
 from .images import InputError
 
@@ -37,8 +38,11 @@ class VideoReader:
     """Iterate over ``Frame``s of a file or camera (``"0"``), decoded ahead in a thread."""
 
     def __init__(self, source: Union[str, int], start: float = 0.0, end: Optional[float] = None,
-                 max_frames: Optional[int] = None, queue_size: int = 32) -> None:
+                 max_frames: Optional[int] = None, queue_size: int = 32, pinned: bool = False) -> None:
         self.source = source
+        # Pinned (page-locked) frames make the one upload per frame an asynchronous DMA instead of a
+        # blocking copy through a staging buffer; only worth it when a GPU will read them.
+        self.pinned = pinned
         camera = isinstance(source, int) or (isinstance(source, str) and source.isdigit())
         if not camera and not Path(source).is_file():
             raise InputError(f"{source}: no such video file")
@@ -88,7 +92,11 @@ class VideoReader:
                 ok, bgr = self.capture.read()
                 if not ok:
                     break
-                rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+                if self.pinned:
+                    rgb = torch.empty(bgr.shape, dtype=torch.uint8, pin_memory=True).numpy()
+                    cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB, dst=rgb)
+                else:
+                    rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
                 self.decode_seconds += time.perf_counter() - t0
                 # From the index, not CAP_PROP_POS_MSEC: some backends report the *next* frame's time.
                 timestamp = index / self.fps

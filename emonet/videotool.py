@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
@@ -165,11 +166,15 @@ class VideoJob:
         self.writer: Optional[VideoWriter] = None
         # Drawing and encoding each run in a thread of their own (OpenCV releases the GIL), overlapping
         # each other and the next chunk's detection and EmoNet; bounded queues keep memory flat and order.
+        # Drawing is the slower of the two, so it gets a pool: frames are drawn in parallel and the
+        # encoder takes them in order (it waits on each frame's future).
         self._draw = self._encode = None
         if args.output and not args.no_video:
-            self._encode = _Stage("emonet-encode", self._encode_one, 2 * args.batch_size + 2)
-            self._draw = _Stage("emonet-draw", lambda item: self._draw_one(*item), 2 * args.batch_size + 2)
+            self.draw_threads = max(1, min(4, (os.cpu_count() or 2) // 4))
+            self._draw = ThreadPoolExecutor(self.draw_threads, thread_name_prefix="emonet-draw")
+            self._encode = _Stage("emonet-encode", self._encode_one, 2 * args.batch_size + 2 * self.draw_threads)
         self.seconds = dict.fromkeys(STAGES, 0.0)
+        self._seconds_lock = threading.Lock()
         self.timer = LatencyTimer(self.engine.device)
         self.frames = self.faces = 0
         self.need_detection = True
@@ -190,7 +195,13 @@ class VideoJob:
             detect.append(is_det)
             self.since_detection = 0 if is_det else self.since_detection + 1
             self.need_detection = False
-        det_images = [f.image for f, d in zip(chunk, detect) if d]
+        if self.engine.device.type == "cuda":
+            # One upload per frame, shared by the detector and the crops; from the reader's pinned
+            # memory it is an asynchronous copy (the frame outlives it: the chunk ends in a sync).
+            pixels = [torch.from_numpy(f.image).to(self.engine.device, non_blocking=True) for f in chunk]
+        else:
+            pixels = [f.image for f in chunk]
+        det_images = [px for px, d in zip(pixels, detect) if d]
         det_iter = iter(self.detector.detect(det_images) if det_images else [])
         t1 = time.perf_counter()
         self.seconds["detect"] += t1 - t0
@@ -208,8 +219,8 @@ class VideoJob:
                             else self.detector.crop_matrix(t.box, frame.image.shape), False)
                            for t in self.tracker.active]
             plan.append(entries)
-        crops = [crop_faces(f.image, [m for _, m, _ in entries], self.engine.device)
-                 for f, entries in zip(chunk, plan) if entries]
+        crops = [crop_faces(px, [m for _, m, _ in entries], self.engine.device)
+                 for px, entries in zip(pixels, plan) if entries]
         batch = torch.cat(crops) if crops else None
         t2 = time.perf_counter()
         self.seconds["crop"] += t2 - t1
@@ -261,9 +272,13 @@ class VideoJob:
         if self._draw is None:
             return
         snapshot = [(t.id, f, d, list(t.trail)) for t, f, d in faces]  # the tracks move on; the frame must not
-        self._draw.put((frame, snapshot))
+        self._encode.put(self._draw.submit(self._draw_one, frame, snapshot))
 
-    def _draw_one(self, frame: Frame, faces) -> None:
+    def _add_seconds(self, stage: str, seconds: float) -> None:
+        with self._seconds_lock:  # several drawing threads add up
+            self.seconds[stage] += seconds
+
+    def _draw_one(self, frame: Frame, faces) -> np.ndarray:
         t0 = time.perf_counter()
         image = annotate(frame.image, [f for _, f, _, _ in faces], self.names, self.banner,
                          labels=[f"#{tid}" for tid, _, _, _ in faces])
@@ -278,24 +293,25 @@ class VideoJob:
                            [(f"#{tid}", _color(tid), f.valence, f.arousal, trail) for tid, f, _, trail in faces],
                            caption)
         composed = np.concatenate([image, panel], axis=1)
-        self.seconds["draw"] += time.perf_counter() - t0
-        self._encode.put(composed)
+        self._add_seconds("draw", time.perf_counter() - t0)
+        return composed
 
-    def _encode_one(self, composed: np.ndarray) -> None:
+    def _encode_one(self, drawn: Future) -> None:
+        composed = drawn.result()  # a drawing error surfaces here, and so in the producer
         t0 = time.perf_counter()
         if self.writer is None:
             self.writer = VideoWriter(self.args.output, self.reader.fps, (composed.shape[1], composed.shape[0]))
         self.writer.write(composed)
-        self.seconds["encode"] += time.perf_counter() - t0
+        self._add_seconds("encode", time.perf_counter() - t0)
 
     def close(self) -> Optional[Path]:
         """Finish every output; returns the video's path if one was written. No frame: nothing is kept."""
-        if self._draw is not None:  # every queued frame is finished, so it is drawn, encoded and kept
-            self._draw.finish()
+        if self._encode is not None:  # every queued frame is finished, so it is drawn, encoded and kept
             self._encode.finish()
+            self._draw.shutdown()
         self.rows.close(keep=self.frames > 0)
         video = self.writer.close() if self.writer else None
-        failed = next((st.error for st in (self._draw, self._encode) if st is not None and st.error), None)
+        failed = self._encode.error if self._encode is not None else None
         if failed is not None:  # after the files are finished: what was written is kept
             raise InputError(f"writing the annotated video failed: {failed}")
         return video
@@ -312,7 +328,8 @@ def run(args: argparse.Namespace) -> int:
             check_writable_dir(Path(path).parent if str(Path(path).parent) else Path("."))
     if args.output and not args.no_video and Path(args.output).suffix.lower() not in (".mp4", ".avi", ".mov", ".m4v"):
         raise InputError(f"{args.output}: the annotated video needs a .mp4, .avi, .mov or .m4v name")
-    reader = VideoReader(args.video, start=args.start, end=args.end, max_frames=args.max_frames)
+    reader = VideoReader(args.video, start=args.start, end=args.end, max_frames=args.max_frames,
+                         pinned=args.device != "cpu" and torch.cuda.is_available())
     job = None
     interrupted = False
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -352,8 +369,9 @@ def _summary(job: VideoJob, reader: VideoReader, wall: float, video: Optional[Pa
     print(f"\n{'interrupted: ' if interrupted else ''}{job.frames} frames, {job.faces} faces, "
           f"{job.frames / max(wall, 1e-9):.1f} frames/s end to end ({wall:.2f} s)", file=err)
     per = ", ".join(f"{k} {1e3 * v / max(job.frames, 1):.2f}" for k, v in job.seconds.items())
+    drawing = f" ({job.draw_threads} drawing threads: their time adds up)" if job._draw is not None else ""
     print(f"time per frame by stage (ms; decode, draw and encode run in threads of their own beside "
-          f"detect, crop and EmoNet): {per}", file=err)
+          f"detect, crop and EmoNet{drawing}): {per}", file=err)
     if job.writer and job.writer.resized:
         print("note: the video changed frame size; frames were resized to the first frame's size", file=err)
     for path, what in ((video, "annotated video"), (job.args.csv, "CSV"), (job.args.jsonl, "JSONL")):

@@ -15,3 +15,10 @@ def test_bad_arguments_fail_fast_with_one_line(args, message):
     out = subprocess.run([sys.executable, "-m", "emonet.bench", "--device", "cpu", "--quick", *args],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_startup_floor_is_measured_in_a_fresh_process():
+    from emonet.bench import startup_floor
+    floor = startup_floor("cpu")
+    assert "error" not in floor, floor
+    assert 0 < floor["import_torch_s"] < floor["process_s"] and floor["device_init_s"] >= 0

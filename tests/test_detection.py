@@ -52,6 +52,15 @@ def test_batches_of_different_sizes_and_no_face(detector, photo):
     assert iou(results[2][0], FACE / 2) > 0.6
 
 
+def test_frames_given_as_tensors_give_the_same_faces(detector, photo):
+    # The video tool hands BlazeFace frames already uploaded to its device, as (H, W, 3) uint8 tensors.
+    import torch
+    from_array = detector.detect([photo, photo[::2, ::2].copy()])
+    from_tensor = detector.detect([torch.from_numpy(photo), torch.from_numpy(photo[::2, ::2].copy())])
+    for a, b in zip(from_array, from_tensor):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
 def test_front_model_also_loads(photo):
     faces = BlazeFaceDetector("cpu", model="front").detect([photo])[0]
     assert len(faces) == 1 and iou(faces[0], FACE) > 0.6

@@ -81,3 +81,12 @@ def test_device_warp_equals_opencv_warp():
     ref = to_tensor(warp_crops(image, mats)).int()
     got = warp_crops_torch(torch.from_numpy(image).permute(2, 0, 1), mats).int()
     assert (ref - got).abs().max() <= 1  # rounding only
+
+
+def test_crop_faces_takes_the_frame_as_an_array_or_a_tensor():
+    from emonet.geometry import crop_faces
+    image = (np.random.default_rng(2).random((120, 160, 3)) * 255).astype(np.uint8)
+    mats = [box_to_matrix([20, 10, 90, 100])]
+    a = crop_faces(image, mats, torch.device("cpu"))
+    b = crop_faces(torch.from_numpy(image), mats, torch.device("cpu"))
+    assert a.shape == (1, 3, 256, 256) and a.dtype == torch.uint8 and torch.equal(a, b)

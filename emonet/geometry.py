@@ -55,22 +55,29 @@ def warp_crops(image: np.ndarray, matrices: Sequence[np.ndarray], size: int = CR
     return out
 
 
-def warp_crops_torch(image: torch.Tensor, matrices: Sequence[np.ndarray], size: int = CROP_SIZE) -> torch.Tensor:
-    """All crops of one ``(3, H, W)`` uint8 image in one ``grid_sample`` call on the image's device.
+def warp_crops_torch(image: torch.Tensor, matrices: Sequence[np.ndarray], size: int = CROP_SIZE,
+                     frame_index: Sequence[int] | None = None) -> torch.Tensor:
+    """All crops of a ``(3, H, W)`` uint8 image in one ``grid_sample`` call on the image's device.
 
     Same geometry as :func:`warp_crops` (bilinear, zero border, OpenCV's pixel-centre convention);
-    returns ``(N, 3, size, size)`` uint8. ``python -m emonet.bench --warp`` compares the two.
+    returns ``(N, 3, size, size)`` uint8. ``python -m emonet.bench --warp`` compares the two. With
+    ``frame_index``, ``image`` is a ``(F, 3, H, W)`` stack and crop ``i`` comes from frame ``frame_index[i]``:
+    a whole chunk of video frames is cut in one call.
     """
-    _, h, w = image.shape
+    h, w = image.shape[-2:]
     def to_norm(width: int, height: int) -> np.ndarray:  # pixel -> [-1, 1] (align_corners=False)
         return np.array([[2.0 / width, 0, 1.0 / width - 1], [0, 2.0 / height, 1.0 / height - 1], [0, 0, 1]])
     thetas = []
     for m in matrices:
         inv = np.vstack([invert(m), [0, 0, 1]])  # crop pixel -> image pixel
         thetas.append((to_norm(w, h) @ inv @ np.linalg.inv(to_norm(size, size)))[:2])
-    theta = torch.tensor(np.stack(thetas), dtype=torch.float32, device=image.device)
+    theta = torch.from_numpy(np.stack(thetas).astype(np.float32)).to(image.device, non_blocking=True)
     grid = torch.nn.functional.affine_grid(theta, [len(matrices), 3, size, size], align_corners=False)
-    src = image.unsqueeze(0).float().expand(len(matrices), -1, -1, -1)
+    if frame_index is None:
+        src = image.unsqueeze(0).float().expand(len(matrices), -1, -1, -1)
+    else:
+        index = torch.as_tensor(list(frame_index), dtype=torch.long).to(image.device, non_blocking=True)
+        src = image.index_select(0, index).float()
     out = torch.nn.functional.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     return out.round_().clamp_(0, 255).to(torch.uint8)
 
@@ -88,6 +95,24 @@ def crop_faces(image: Union[np.ndarray, torch.Tensor], matrices: Sequence[np.nda
     if torch.is_tensor(image):
         image = image.cpu().numpy()
     return to_tensor(warp_crops(image, matrices))
+
+
+def crop_frames(frames: Sequence[Union[np.ndarray, torch.Tensor]], crops: Sequence[tuple[int, np.ndarray]],
+                device: torch.device) -> torch.Tensor:
+    """Face crops from several ``(H, W, 3)`` frames: ``crops`` lists ``(frame number, matrix)``, in order.
+
+    On a GPU, frames of one size are stacked and cut in one call (a video chunk costs a handful of
+    launches, not a handful per frame); otherwise frame by frame with :func:`crop_faces`.
+    """
+    if not crops:
+        return torch.zeros(0, 3, CROP_SIZE, CROP_SIZE, dtype=torch.uint8, device=device)
+    used = sorted({i for i, _ in crops})
+    if torch.device(device).type == "cuda" and len({tuple(frames[i].shape) for i in used}) == 1:
+        stack = torch.stack([frames[i] if torch.is_tensor(frames[i]) else torch.from_numpy(frames[i])
+                             for i in used]).to(device, non_blocking=True).permute(0, 3, 1, 2)
+        position = {i: k for k, i in enumerate(used)}
+        return warp_crops_torch(stack, [m for _, m in crops], frame_index=[position[i] for i, _ in crops])
+    return torch.cat([crop_faces(frames[i], [m], device) for i, m in crops])
 
 
 def to_tensor(crops: np.ndarray) -> torch.Tensor:

@@ -27,22 +27,34 @@ os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
 
 @dataclass
 class Frame:
-    """One decoded frame: its index in the video, its time in seconds, RGB pixels."""
+    """One decoded frame: its index in the video, its time in seconds, RGB pixels (and a copy on the GPU)."""
 
     index: int
     timestamp: float
     image: np.ndarray
+    pixels: Optional[torch.Tensor] = None        # (H, W, 3) uint8 on the GPU, uploaded by the reader
+    ready: Optional["torch.cuda.Event"] = None   # recorded when that upload has finished
+
+    def on_device(self, device: torch.device) -> torch.Tensor:
+        """The frame as an ``(H, W, 3)`` uint8 tensor on ``device``, ordered on the current stream."""
+        if self.pixels is not None and self.pixels.device == device:
+            stream = torch.cuda.current_stream(device)
+            stream.wait_event(self.ready)
+            self.pixels.record_stream(stream)  # the reader's stream allocated it; this one reads it
+            return self.pixels
+        return torch.from_numpy(self.image).to(device, non_blocking=True)
 
 
 class VideoReader:
     """Iterate over ``Frame``s of a file or camera (``"0"``), decoded ahead in a thread."""
 
     def __init__(self, source: Union[str, int], start: float = 0.0, end: Optional[float] = None,
-                 max_frames: Optional[int] = None, queue_size: int = 32, pinned: bool = False) -> None:
+                 max_frames: Optional[int] = None, queue_size: int = 32,
+                 device: Optional[torch.device] = None) -> None:
         self.source = source
-        # Pinned (page-locked) frames make the one upload per frame an asynchronous DMA instead of a
-        # blocking copy through a staging buffer; only worth it when a GPU will read them.
-        self.pinned = pinned
+        # With a GPU, the decoding thread also uploads each frame (from pinned memory, on a stream of its
+        # own), so the copy overlaps the main thread's work instead of adding to it.
+        self.device = device if device is not None and torch.device(device).type == "cuda" else None
         camera = isinstance(source, int) or (isinstance(source, str) and source.isdigit())
         if not camera and not Path(source).is_file():
             raise InputError(f"{source}: no such video file")
@@ -84,6 +96,7 @@ class VideoReader:
     def _run(self) -> None:
         index = self.first_index
         produced = 0
+        stream = torch.cuda.Stream(self.device) if self.device is not None else None
         try:
             while not self._stop.is_set():
                 if self.max_frames is not None and produced >= self.max_frames:
@@ -92,9 +105,15 @@ class VideoReader:
                 ok, bgr = self.capture.read()
                 if not ok:
                     break
-                if self.pinned:
-                    rgb = torch.empty(bgr.shape, dtype=torch.uint8, pin_memory=True).numpy()
+                pixels = ready = None
+                if stream is not None:
+                    pinned = torch.empty(bgr.shape, dtype=torch.uint8, pin_memory=True)
+                    rgb = pinned.numpy()
                     cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB, dst=rgb)
+                    with torch.cuda.stream(stream):
+                        pixels = pinned.to(self.device, non_blocking=True)
+                        ready = torch.cuda.Event()
+                        ready.record(stream)
                 else:
                     rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
                 self.decode_seconds += time.perf_counter() - t0
@@ -104,7 +123,7 @@ class VideoReader:
                     break
                 while not self._stop.is_set():
                     try:
-                        self._queue.put(Frame(index, timestamp, rgb), timeout=0.1)
+                        self._queue.put(Frame(index, timestamp, rgb, pixels, ready), timeout=0.1)
                         break
                     except queue.Full:
                         continue

@@ -30,9 +30,10 @@ from tqdm import tqdm
 from .checkpoints import UNTRAINED_LABEL
 from .cli import build_detector, build_engine
 from .drawing import PALETTE, annotate, side_panel
-from .geometry import apply, crop_faces, landmarks_to_image, warp_crops
+from .geometry import apply, crop_frames, landmarks_to_image, warp_crops
 from .images import InputError, check_writable_dir
 from .pipeline import Face, Pipeline
+from .runtime import select_device
 from .timing import LatencyTimer
 from .tracking import Track, Tracker
 from .video import Frame, VideoReader, VideoWriter
@@ -195,10 +196,8 @@ class VideoJob:
             detect.append(is_det)
             self.since_detection = 0 if is_det else self.since_detection + 1
             self.need_detection = False
-        if self.engine.device.type == "cuda":
-            # One upload per frame, shared by the detector and the crops; from the reader's pinned
-            # memory it is an asynchronous copy (the frame outlives it: the chunk ends in a sync).
-            pixels = [torch.from_numpy(f.image).to(self.engine.device, non_blocking=True) for f in chunk]
+        if self.engine.device.type == "cuda":  # uploaded once (by the reader), shared by detector and crops
+            pixels = [f.on_device(self.engine.device) for f in chunk]
         else:
             pixels = [f.image for f in chunk]
         det_images = [px for px, d in zip(pixels, detect) if d]
@@ -219,9 +218,8 @@ class VideoJob:
                             else self.detector.crop_matrix(t.box, frame.image.shape), False)
                            for t in self.tracker.active]
             plan.append(entries)
-        crops = [crop_faces(px, [m for _, m, _ in entries], self.engine.device)
-                 for px, entries in zip(pixels, plan) if entries]
-        batch = torch.cat(crops) if crops else None
+        wanted = [(i, m) for i, entries in enumerate(plan) for _, m, _ in entries]
+        batch = crop_frames(pixels, wanted, self.engine.device) if wanted else None
         t2 = time.perf_counter()
         self.seconds["crop"] += t2 - t1
 
@@ -265,6 +263,7 @@ class VideoJob:
             self.rows.frame(frame, faces)
             self.faces += len(faces)
             self.frames += 1
+            frame.pixels = frame.ready = None  # drawing needs only the host copy: free the GPU one now
             self._draw_and_encode(frame, faces)
         self.rows.flush()
 
@@ -329,7 +328,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output and not args.no_video and Path(args.output).suffix.lower() not in (".mp4", ".avi", ".mov", ".m4v"):
         raise InputError(f"{args.output}: the annotated video needs a .mp4, .avi, .mov or .m4v name")
     reader = VideoReader(args.video, start=args.start, end=args.end, max_frames=args.max_frames,
-                         pinned=args.device != "cpu" and torch.cuda.is_available())
+                         device=select_device(args.device, quiet=True))
     job = None
     interrupted = False
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -90,3 +90,19 @@ def test_crop_faces_takes_the_frame_as_an_array_or_a_tensor():
     a = crop_faces(image, mats, torch.device("cpu"))
     b = crop_faces(torch.from_numpy(image), mats, torch.device("cpu"))
     assert a.shape == (1, 3, 256, 256) and a.dtype == torch.uint8 and torch.equal(a, b)
+
+
+def test_crops_from_a_stack_of_frames_equal_crops_frame_by_frame():
+    from emonet.geometry import crop_frames, warp_crops_torch
+    rng = np.random.default_rng(3)
+    frames = [(rng.random((120, 160, 3)) * 255).astype(np.uint8) for _ in range(3)]
+    wanted = [(2, box_to_matrix([20, 10, 90, 100])), (0, box_to_matrix([40, 30, 120, 110])),
+              (2, box_to_matrix([-10, 0, 60, 70]))]
+    stack = torch.stack([torch.from_numpy(f) for f in frames]).permute(0, 3, 1, 2)
+    together = warp_crops_torch(stack, [m for _, m in wanted], frame_index=[i for i, _ in wanted])
+    for k, (i, m) in enumerate(wanted):
+        alone = warp_crops_torch(torch.from_numpy(frames[i]).permute(2, 0, 1), [m])[0]
+        assert torch.equal(together[k], alone)
+    on_cpu = crop_frames(frames, wanted, torch.device("cpu"))  # the CPU path: OpenCV, frame by frame
+    assert on_cpu.shape == (3, 3, 256, 256) and (on_cpu.int() - together.int()).abs().max() <= 1
+    assert crop_frames(frames, [], torch.device("cpu")).shape == (0, 3, 256, 256)

@@ -61,6 +61,20 @@ def test_frames_given_as_tensors_give_the_same_faces(detector, photo):
         np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_detector_with_cuda_graphs_finds_what_the_cpu_finds(detector, photo):
+    import torch
+    gpu = BlazeFaceDetector("cuda")
+    gpu.warmup(photo.shape)
+    images = [photo, np.full((300, 500, 3), 127, np.uint8), photo[::2, ::2].copy()]
+    for _ in range(2):  # the second call replays the captured graphs
+        got = gpu.detect([torch.from_numpy(im).cuda() for im in images])
+        want = detector.detect(images)
+        assert [len(g) for g in got] == [len(w) for w in want] == [1, 0, 1]
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-3, atol=0.5)
+
+
 def test_front_model_also_loads(photo):
     faces = BlazeFaceDetector("cpu", model="front").detect([photo])[0]
     assert len(faces) == 1 and iou(faces[0], FACE) > 0.6

@@ -332,10 +332,6 @@ def run(args: argparse.Namespace) -> int:
     job = None
     interrupted = False
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    # The decoding and drawing threads need the GIL for a moment per frame; with Python's default 5 ms
-    # switch interval a busy main thread starves them (frames arrive late). Hand it over more often.
-    switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(min(switch_interval, 0.0005))
     wall0 = time.perf_counter()
     try:
         job = VideoJob(args, reader)
@@ -353,7 +349,6 @@ def run(args: argparse.Namespace) -> int:
         interrupted = True
     finally:
         signal.signal(signal.SIGTERM, previous)
-        sys.setswitchinterval(switch_interval)
         reader.close()
         video = job.close() if job else None
     wall = time.perf_counter() - wall0

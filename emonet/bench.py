@@ -468,7 +468,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(warp_benchmark(args.device))
         return 0
     if args.video is not None:
-        print(video_benchmark(args.video or None, args.device, []))
+        from .images import InputError
+        try:
+            print(video_benchmark(args.video or None, args.device, []))
+        except InputError as exc:  # a missing or unreadable clip: one line, like the tools
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
     if args.profile:
         mode_name, _, batch = args.profile.partition(":")

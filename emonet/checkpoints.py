@@ -114,9 +114,11 @@ def download_weights(weights: Weights, dest_dir: Union[str, Path], progress: boo
         os.replace(tmp, dest)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc
+        repo_copy = repo_pretrained_dir() / weights.filename
+        places = f"{dest}" if Path(dest) == repo_copy else f"{dest} (or {repo_copy})"
         raise CheckpointError(
             f"could not download {weights.filename} ({reason}). Without network access, download "
-            f"{weights.url} elsewhere and put it at {dest} (or {repo_pretrained_dir() / weights.filename})"
+            f"{weights.url} elsewhere and put it at {places}"
         ) from None
     finally:
         tmp.unlink(missing_ok=True)

@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("args, message", [
     (["--weights", "missing.pth"], "checkpoint not found"),
     (["--modes", "warp-speed"], "unknown mode(s) warp-speed"),
+    (["--video", "missing.mp4"], "missing.mp4: no such video file"),
 ])
 def test_bad_arguments_fail_fast_with_one_line(args, message):
     out = subprocess.run([sys.executable, "-m", "emonet.bench", "--device", "cpu", "--quick", *args],

@@ -24,7 +24,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
     g.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda:0 if present, else cpu)")
     g.add_argument("--engine", default="auto", choices=["auto", *PRESETS],
                    help="auto: fp16 + CUDA graphs on a GPU, fp32 on the CPU and in --deterministic mode; "
-                        "compiled: torch.compile (slow first start, fastest after)")
+                        "compiled: torch.compile, and side CUDA streams up to batch 8 (slow first start, "
+                        "fastest after); max: the same with max-autotune (very slow first start)")
     g.add_argument("--no-cudnn-benchmark", action="store_true",
                    help="turn cuDNN autotuning off (faster start, slower steady state)")
     g.add_argument("--deterministic", action="store_true",

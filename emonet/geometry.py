@@ -55,6 +55,20 @@ def warp_crops(image: np.ndarray, matrices: Sequence[np.ndarray], size: int = CR
     return out
 
 
+def _upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A small host array on ``device`` without stalling the host.
+
+    A copy from pageable memory makes the host wait until the stream has drained (the GPU work queued
+    before it); staged through pinned memory it is queued like a kernel. Torch's pinned-memory cache
+    keeps the buffer until the copy has run.
+    """
+    if torch.device(device).type != "cuda":
+        return torch.from_numpy(array).to(device)
+    staged = torch.empty(array.shape, dtype=torch.from_numpy(array[:0]).dtype, pin_memory=True)
+    staged.numpy()[...] = array
+    return staged.to(device, non_blocking=True)
+
+
 def warp_crops_torch(image: torch.Tensor, matrices: Sequence[np.ndarray], size: int = CROP_SIZE,
                      frame_index: Sequence[int] | None = None) -> torch.Tensor:
     """All crops of a ``(3, H, W)`` uint8 image in one ``grid_sample`` call on the image's device.
@@ -71,12 +85,12 @@ def warp_crops_torch(image: torch.Tensor, matrices: Sequence[np.ndarray], size: 
     for m in matrices:
         inv = np.vstack([invert(m), [0, 0, 1]])  # crop pixel -> image pixel
         thetas.append((to_norm(w, h) @ inv @ np.linalg.inv(to_norm(size, size)))[:2])
-    theta = torch.from_numpy(np.stack(thetas).astype(np.float32)).to(image.device, non_blocking=True)
+    theta = _upload(np.stack(thetas).astype(np.float32), image.device)
     grid = torch.nn.functional.affine_grid(theta, [len(matrices), 3, size, size], align_corners=False)
     if frame_index is None:
         src = image.unsqueeze(0).float().expand(len(matrices), -1, -1, -1)
     else:
-        index = torch.as_tensor(list(frame_index), dtype=torch.long).to(image.device, non_blocking=True)
+        index = _upload(np.asarray(list(frame_index), dtype=np.int64), image.device)
         src = image.index_select(0, index).float()
     out = torch.nn.functional.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     return out.round_().clamp_(0, 255).to(torch.uint8)

@@ -3,7 +3,7 @@ import torch
 
 import emonet
 from emonet.bench import real_face_crops
-from emonet.engine import Engine, EngineConfig, compare, fold_batchnorm
+from emonet.engine import Engine, EngineConfig, StreamedForward, compare, fold_batchnorm
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +70,34 @@ def test_warmup_is_timed_and_reported(reference_model):
     assert "warm-up" in lines[0] and "paid once at load" in lines[0]
 
 
+def test_streamed_forward_equals_the_model_where_streams_are_absent(reference_model, crops):
+    # Without CUDA the pieces run in order: the split into stem, blocks, tails and head must lose nothing.
+    with torch.no_grad():
+        ref = reference_model(crops[:2].float() / 255)
+        out = StreamedForward(reference_model, torch.device("cpu"))(crops[:2].float() / 255)
+    for key in ref:
+        assert torch.equal(out[key], ref[key]), key
+
+
+def test_side_streams_are_dropped_on_the_cpu(reference_model, capsys):
+    engine = Engine(reference_model, "cpu", EngineConfig(streams=8, warmup=False))
+    assert engine.config.streams == 0 and "side streams need a GPU" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_cuda_graph_mode_agrees_with_fp32(reference_model):
+@pytest.mark.parametrize("streams", [0, 8])
+def test_cuda_graph_mode_agrees_with_fp32(reference_model, streams):
     engine = Engine(reference_model, "cuda:0", EngineConfig(precision="fp16", channels_last=True,
-                                                            fold_bn=True, cuda_graphs=True,
-                                                            batch_sizes=(1, 8)))
-    agreement = compare(engine, reference_model.to("cuda:0"), real_face_crops(11))
+                                                            fold_bn=True, cuda_graphs=True, streams=streams,
+                                                            batch_sizes=(1, 8, 16)))
+    crops = real_face_crops(11)
+    agreement = compare(engine, reference_model.to("cuda:0"), crops)
     assert agreement.ok, agreement.format()
+    # A crop alone (the batch-1 graph) gives what it gives inside a padded batch, to fp16 precision.
+    batched = engine(crops)
+    alone = engine(crops[3:4])
+    for key in batched:
+        torch.testing.assert_close(alone[key], batched[key][3:4], rtol=0.02, atol=0.02, msg=key)
 
 
 def test_aot_mode_is_refused_on_cuda_where_it_crashed(reference_model, monkeypatch):

@@ -134,24 +134,24 @@ class EmoNet(nn.Module):
         """True when the weights are random: predictions are meaningless, only timings are."""
         return self.weights_source == "random"
 
-    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def stem(self, x: torch.Tensor) -> torch.Tensor:
+        """The 256x256 input down to 256 features at 64x64."""
         x = F.relu(self.bn1(self.conv1(x)))
         x = F.max_pool2d(self.conv2(x), 2, stride=2)
-        x = self.conv4(self.conv3(x))
+        return self.conv4(self.conv3(x))
 
-        previous = x
-        features = []
-        heat = x  # overwritten by every stack
-        for i in range(self.n_stacks):
-            hg = self._modules[f"m{i}"](previous)
-            ll = self._modules[f"top_m_{i}"](hg)
-            ll = F.relu(self._modules[f"bn_end{i}"](self._modules[f"conv_last{i}"](ll)))
-            heat = self._modules[f"l{i}"](ll)
-            if i < self.n_stacks - 1:
-                ll = self._modules[f"bl{i}"](ll)
-                previous = previous + ll + self._modules[f"al{i}"](heat)
-            features.append(ll)
+    def stack_tail(self, i: int, hg: torch.Tensor, previous: torch.Tensor):
+        """After stack ``i``'s hourglass: its features, its heatmap and the next stack's input."""
+        ll = self._modules[f"top_m_{i}"](hg)
+        ll = F.relu(self._modules[f"bn_end{i}"](self._modules[f"conv_last{i}"](ll)))
+        heat = self._modules[f"l{i}"](ll)
+        if i < self.n_stacks - 1:
+            ll = self._modules[f"bl{i}"](ll)
+            previous = previous + ll + self._modules[f"al{i}"](heat)
+        return ll, heat, previous
 
+    def head(self, x: torch.Tensor, features: list, heat: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """The emotion head on the stem's and stacks' features; returns the output dict."""
         if self.attention:
             mask = heat.sum(dim=1, keepdim=True)
             feat = torch.cat((x, torch.cat(features, dim=1) * mask), dim=1)
@@ -168,3 +168,11 @@ class EmoNet(nn.Module):
             "valence": out[:, n],
             "arousal": out[:, n + 1],
         }
+
+    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+        x = self.stem(x)
+        previous, features, heat = x, [], x
+        for i in range(self.n_stacks):
+            ll, heat, previous = self.stack_tail(i, self._modules[f"m{i}"](previous), previous)
+            features.append(ll)
+        return self.head(x, features, heat)

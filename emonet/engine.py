@@ -96,6 +96,7 @@ def _compile_cache_dir(config: EngineConfig) -> Path:
         return Path(config.cache_dir)
     return Path(os.environ.get("EMONET_HOME", Path.home() / ".cache" / "emonet")) / "compile"
 
+
 def _block(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return block(x)
 

@@ -428,6 +428,17 @@ def environment(device: str) -> dict:
     return env
 
 
+def _batch_sizes(text: str) -> list[int]:
+    """``"8,32"`` -> ``[8, 32]``; anything else is a usage error (one line, exit 2)."""
+    try:
+        sizes = [int(b) for b in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive whole numbers separated by commas, got {text!r}")
+    return sizes
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of ``python -m emonet.bench``."""
     parser = argparse.ArgumentParser(
@@ -441,7 +452,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--nclasses", type=int, default=None, choices=[5, 8])
     parser.add_argument("--modes", default=None,
                         help=f"comma-separated; available: {', '.join(m.name for m in MODES)}")
-    parser.add_argument("--batch-sizes", default=None, help="throughput batch sizes (default 8,32,128,256)")
+    parser.add_argument("--batch-sizes", default=None, type=_batch_sizes,
+                        help="throughput batch sizes, comma-separated (default 8,32,128,256)")
     parser.add_argument("--iters", type=int, default=None, help="timed batch-1 calls per mode (default 200)")
     parser.add_argument("--quick", action="store_true", help="few iterations and small batches (CPU: < 1 min)")
     parser.add_argument("--no-warm-rerun", action="store_true",
@@ -466,8 +478,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.device is None:
         args.device = "cuda:0" if torch.cuda.is_available() else "cpu"
     cpu = args.device == "cpu"
-    args.batch_sizes = [int(b) for b in (args.batch_sizes or ("8" if args.quick or cpu else "8,32,128,256"))
-                        .split(",")]
+    args.batch_sizes = args.batch_sizes or _batch_sizes("8" if args.quick or cpu else "8,32,128,256")
     args.iters = args.iters or (3 if args.quick else (10 if cpu else 200))
 
     if args.warp:

@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--weights", "missing.pth"], "checkpoint not found"),
     (["--modes", "warp-speed"], "unknown mode(s) warp-speed"),
     (["--video", "missing.mp4"], "missing.mp4: no such video file"),
+    (["--batch-sizes", "8,x"], "expected positive whole numbers separated by commas"),
 ])
 def test_bad_arguments_fail_fast_with_one_line(args, message):
     out = subprocess.run([sys.executable, "-m", "emonet.bench", "--device", "cpu", "--quick", *args],

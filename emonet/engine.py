@@ -183,16 +183,9 @@ class Engine:
         if self.config.channels_last:
             net = net.to(memory_format=torch.channels_last)
         self.model = net
-        if self.config.compile == "aot":
-            self._forward = self._aot_package(net)
-        elif self.config.compile:
-            self._forward = self._compiler()(net)
-        else:
-            self._forward = net
-        self._streamed = None
-        if self.config.streams:
-            self._streamed = StreamedForward(net, self.device, self._compiler() if self.config.compile else
-                                             (lambda fn: fn))
+        wrap = self._compiler() if self.config.compile in ("default", "max-autotune") else (lambda fn: fn)
+        self._forward = self._aot_package(net) if self.config.compile == "aot" else wrap(net)
+        self._streamed = StreamedForward(net, self.device, wrap) if self.config.streams else None
         self._graphs: Dict[int, tuple] = {}  # batch size -> (graph, static input, static outputs)
         if self.config.warmup:
             self.warmup()

@@ -63,6 +63,9 @@ MODES = [
     Mode("compile-streams-graph", "compile-graph, hourglass skip branches on side CUDA streams up to batch 8",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default", "streams": 8,
           "cuda_graphs": True}, compiled=True),
+    Mode("compile-streams-graph-retrace", "compile-streams-graph without saved tracing: Dynamo traces at every start",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default", "streams": 8,
+          "cuda_graphs": True, "precompile": False}, compiled=True),
     Mode("compile-freeze-graph", "compile-graph with inductor freezing (no on-disk graph cache)",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default", "freeze": True,
           "cuda_graphs": True}, compiled=True),
@@ -126,6 +129,7 @@ def run_child(args: argparse.Namespace) -> dict:
     result["load_s"] = time.perf_counter() - t
     result["warmup_s"] = (engine.warmup_ms or 0.0) / 1e3
     result["engine"] = engine.config.name
+    result["precompiled"] = engine.precompiled  # on a warm start: all loaded, none compiled
     if mode.compiled and mode.engine.get("compile") != "aot":
         from torch._dynamo.utils import compile_times
         result["compile_times"] = compile_times(repr="str")  # where a warm start's seconds go
@@ -297,10 +301,11 @@ def released_way(clip: Path, device: str, output: Optional[Path]) -> float:
     return frames / elapsed
 
 
-def decode_only(clip: Path) -> float:
-    """Frames/s of decoding alone, through the same reader the video tool uses."""
+def decode_only(clip: Path, device: Optional[str] = None) -> float:
+    """Frames/s of decoding alone, through the same reader the video tool uses (with ``device``: and uploading)."""
+    import torch
     from .video import VideoReader
-    reader = VideoReader(str(clip))
+    reader = VideoReader(str(clip), device=torch.device(device) if device else None)
     start = time.perf_counter()
     n = sum(1 for _ in reader)
     elapsed = time.perf_counter() - start
@@ -308,25 +313,31 @@ def decode_only(clip: Path) -> float:
     return n / elapsed
 
 
-def video_benchmark(clip: Optional[str], device: str, extra: list[str]) -> str:
-    """The video table: decode alone, the released way, and demo_video.py, each analysis-only and with video."""
+def video_benchmark(clip: Optional[str], device: str, engines: list[str]) -> str:
+    """The video table: decode alone, the released way, and demo_video.py (analysis only with each engine,
+    and with the annotated video)."""
     import re
     with tempfile.TemporaryDirectory(prefix="emonet-video-") as tmp:
         path = Path(clip) if clip else make_clip(Path(tmp) / "clip720p.mp4", frames=900)
         rows = [("decode only (reader thread, RGB)", decode_only(path))]
+        if device.startswith("cuda"):
+            rows.append(("decode + upload to the GPU (the reader as demo_video.py runs it)", decode_only(path, device)))
         rows.append(("released way, analysis only", released_way(path, device, None)))
         rows.append(("released way + annotated video", released_way(path, device, Path(tmp) / "released.mp4")))
         script = Path(__file__).resolve().parent.parent / "demo_video.py"
-        for label, args in (("demo_video.py --no-video", ["--no-video", "--csv", str(Path(tmp) / "f.csv")]),
-                            ("demo_video.py --output (annotated video)", ["--output", str(Path(tmp) / "o.mp4")])):
-            cmd = [sys.executable, str(script), "--video", str(path), "--weights", "random", "--device", device,
-                   *args, *extra]
+        runs = [(f"demo_video.py --no-video --engine {e}", ["--no-video", "--csv", str(Path(tmp) / "f.csv"),
+                                                           "--engine", e]) for e in engines]
+        runs.append((f"demo_video.py --output (annotated video) --engine {engines[0]}",
+                     ["--output", str(Path(tmp) / "o.mp4"), "--engine", engines[0]]))
+        for label, args in runs:
+            cmd = [sys.executable, str(script), "--video", str(path), "--weights", "random", "--device", device, *args]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             m = re.search(r"([\d.]+) frames/s end to end", proc.stderr)
-            rows.append((f"{label} {' '.join(extra)}".strip(), float(m.group(1)) if m else float("nan")))
-            stage = re.search(r"time per frame by stage.*", proc.stderr)
-            if stage:
-                rows.append((f"  ({stage.group(0)})", float("nan")))
+            rows.append((label, float(m.group(1)) if m else float("nan")))
+            for pattern in (r"engine warm-up.*", r"time per frame by stage.*"):
+                line = re.search(pattern, proc.stderr)
+                if line:
+                    rows.append((f"  ({line.group(0)})", float("nan")))
         import cv2
         cap = cv2.VideoCapture(str(path))
         size = f"{int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))}x{int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))}, " \
@@ -439,6 +450,16 @@ def _batch_sizes(text: str) -> list[int]:
     return sizes
 
 
+def _engines(text: str) -> list[str]:
+    """``"auto,compiled"`` -> ``["auto", "compiled"]``; an unknown engine is a usage error."""
+    from .engine import PRESETS
+    names = [e for e in text.split(",") if e]
+    unknown = [e for e in names if e not in ("auto", *PRESETS)]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected engines among auto, {', '.join(PRESETS)}, got {text!r}")
+    return names
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of ``python -m emonet.bench``."""
     parser = argparse.ArgumentParser(
@@ -466,6 +487,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--video", nargs="?", const="", default=None, metavar="CLIP",
                         help="instead: end-to-end video frames/s on CLIP (default: a synthetic 30-s 720p clip with "
                              "one face) for decoding alone, the released way and demo_video.py")
+    parser.add_argument("--video-engines", default=["auto"], type=_engines, metavar="E[,E...]",
+                        help="with --video: the demo_video.py engines to time, comma-separated (auto, fast, "
+                             "compiled, max; default auto). A compiled engine's first run compiles (minutes)")
     parser.add_argument("--warp", action="store_true",
                         help="instead: time cutting face crops with OpenCV against grid_sample on the device")
     parser.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
@@ -487,7 +511,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.video is not None:
         from .images import InputError
         try:
-            print(video_benchmark(args.video or None, args.device, []))
+            print(video_benchmark(args.video or None, args.device, args.video_engines))
         except InputError as exc:  # a missing or unreadable clip: one line, like the tools
             print(f"error: {exc}", file=sys.stderr)
             return 2

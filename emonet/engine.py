@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import precompile
 from .models import EmoNet
 from .runtime import RuntimeConfig
 
@@ -41,6 +42,7 @@ class EngineConfig:
     dynamic_batch: bool = True              # compile: one graph for every batch > 1 (False: one per batch size)
     streams: int = 0                        # batches up to this size run the hourglass skip branches on side CUDA streams
     warmup: bool = True
+    precompile: bool = True                 # compile: keep Dynamo's tracing on disk too (emonet.precompile)
     cache_dir: Optional[str] = None         # torch.compile caches; default ~/.cache/emonet/compile
 
     @property
@@ -55,6 +57,8 @@ class EngineConfig:
             parts.append("compile" if self.compile == "default" else self.compile)
             if not self.dynamic_batch:
                 parts.append("static")
+            if not self.precompile:
+                parts.append("retrace")
         if self.cuda_graphs:
             parts.append("graph")
         return "+".join(parts)
@@ -97,6 +101,40 @@ def _compile_cache_dir(config: EngineConfig) -> Path:
     return Path(os.environ.get("EMONET_HOME", Path.home() / ".cache" / "emonet")) / "compile"
 
 
+# The compiled pieces are plain functions that take their module as an argument: compiled code then
+# takes the weights as inputs, so one compilation serves every module of the same shape, and a
+# precompiled artifact holds no weights (emonet.precompile).
+def model_input(model: EmoNet, x: torch.Tensor) -> torch.Tensor:
+    """Crops (uint8 in [0, 255], or float in [0, 1]) in the model's dtype and memory layout.
+
+    Both are read off the model's first weight, which the engine converted to them. Inside compiled
+    code this becomes one fused kernel instead of three or four small ones.
+    """
+    weight = model.conv1.weight
+    if x.dtype == torch.uint8:
+        x = x.float().div(255.0)
+    x = x.to(weight.dtype)
+    if not weight.is_contiguous():  # a channels_last model
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
+def _whole(model: EmoNet, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+    return model(model_input(model, x))
+
+
+def _stem(model: EmoNet, x: torch.Tensor) -> torch.Tensor:
+    return model.stem(model_input(model, x))
+
+
+def _stack_tail(model: EmoNet, i: int, hg: torch.Tensor, previous: torch.Tensor):
+    return model.stack_tail(i, hg, previous)
+
+
+def _head(model: EmoNet, x: torch.Tensor, features: list, heat: torch.Tensor) -> Dict[str, torch.Tensor]:
+    return model.head(x, features, heat)
+
+
 def _block(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return block(x)
 
@@ -118,13 +156,14 @@ class StreamedForward:
     stack's tail, the head); without CUDA it runs the pieces in order and equals ``model.forward``.
     """
 
-    def __init__(self, model: EmoNet, device: torch.device, wrap=lambda fn: fn) -> None:
+    def __init__(self, model: EmoNet, device: torch.device, wrap=lambda fn, name, mark=None: fn) -> None:
         self.model = model
         self.depth = model.m0.depth
         cuda = device.type == "cuda"
         self.streams = [torch.cuda.Stream(device) for _ in range(self.depth)] if cuda else None
-        self.stem, self.stack_tail, self.head = wrap(model.stem), wrap(model.stack_tail), wrap(model.head)
-        self.block, self.pool_block, self.block_merge = wrap(_block), wrap(_pool_block), wrap(_block_merge)
+        self.stem, self.stack_tail, self.head = wrap(_stem, "stem"), wrap(_stack_tail, "tail"), wrap(_head, "head")
+        self.block, self.pool_block = wrap(_block, "block"), wrap(_pool_block, "pool_block")
+        self.block_merge = wrap(_block_merge, "block_merge")
 
     def _level(self, hg: nn.Module, level: int, inp: torch.Tensor) -> torch.Tensor:
         skip = hg._modules[f"b1_{level}"]
@@ -150,13 +189,13 @@ class StreamedForward:
 
     def __call__(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
         model = self.model
-        x = self.stem(x)
+        x = self.stem(model, x)
         previous, features, heat = x, [], x
         for i in range(model.n_stacks):
             hg = self._level(model._modules[f"m{i}"], self.depth, previous)
-            ll, heat, previous = self.stack_tail(i, hg, previous)
+            ll, heat, previous = self.stack_tail(model, i, hg, previous)
             features.append(ll)
-        return self.head(x, features, heat)
+        return self.head(model, x, features, heat)
 
 
 class Engine:
@@ -183,9 +222,19 @@ class Engine:
         if self.config.channels_last:
             net = net.to(memory_format=torch.channels_last)
         self.model = net
-        wrap = self._compiler() if self.config.compile in ("default", "max-autotune") else (lambda fn: fn)
-        self._forward = self._aot_package(net) if self.config.compile == "aot" else wrap(net)
+        wrap = self._compiler() if self.config.compile in ("default", "max-autotune") else (lambda fn, name, mark=None: fn)
+        whole = None
+        if self.config.compile == "aot":
+            self._forward = self._aot_package(net)
+        else:
+            whole = wrap(_whole, "model", self._mark_batch)
+            self._forward = lambda x: whole(net, x)
         self._streamed = StreamedForward(net, self.device, wrap) if self.config.streams else None
+        pieces = [whole] if self.config.compile in ("default", "max-autotune") else []
+        if self._streamed is not None:
+            pieces += [self._streamed.stem, self._streamed.stack_tail, self._streamed.head,
+                       self._streamed.block, self._streamed.pool_block, self._streamed.block_merge]
+        self._precompiled = [p for p in pieces if isinstance(p, precompile.Precompiled)]
         self._graphs: Dict[int, tuple] = {}  # batch size -> (graph, static input, static outputs)
         if self.config.warmup:
             self.warmup()
@@ -217,8 +266,16 @@ class Engine:
             print(f"engine: {'; '.join(notes)}", file=sys.stderr)
         return replace(config, **changes)
 
+    def _mark_batch(self, args: tuple) -> None:
+        if self.config.dynamic_batch and args[1].shape[0] > 1:
+            # One compiled graph serves every batch size > 1 (1 is always specialised): convolutions
+            # stay cuDNN calls chosen at run time, so a dynamic batch costs little and saves a
+            # compilation per size. dynamic_batch=False trades those compilations for kernels
+            # specialised to each size (the benchmark measures both).
+            torch._dynamo.mark_dynamic(args[1], 0)
+
     def _compiler(self):
-        """A function that compiles a module or function with this engine's settings and caches."""
+        """``wrap(fn, name)``: ``fn`` compiled with this engine's settings and caches."""
         cache = _compile_cache_dir(self.config)
         cache.mkdir(parents=True, exist_ok=True)
         # Inductor reads these when it first compiles: a second process then reuses the compiled
@@ -236,7 +293,15 @@ class Engine:
             # The streamed forward compiles one function per kind of piece (a block, a block after a
             # pooling, ...) and each is specialised to several feature-map sizes and batch sizes.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        return lambda fn: torch.compile(fn, mode=mode, dynamic=False, fullgraph=True)
+        folder = None
+        if self.config.precompile and not self.config.freeze:  # frozen code holds the weights: never saved
+            # Keyed by all the compiled code depends on; the weights are inputs, so not by them.
+            sources = [Path(__file__).read_bytes(), Path(sys.modules[EmoNet.__module__].__file__).read_bytes()]
+            device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+            c = self.config
+            code = (c.precision, c.channels_last, c.fold_bn, c.compile, c.freeze)  # not the batch sizes
+            folder = cache / "precompiled" / precompile.code_digest(device_name, code, *sources)
+        return precompile.compiler(folder, self._log, mode=mode, dynamic=False)
 
     def _aot_package(self, net: nn.Module):
         """Load (building it once) an AOTInductor package of ``net``: compiled code with no tracing at start.
@@ -265,25 +330,24 @@ class Engine:
             os.replace(tmp, path)
         return torch._inductor.aoti_load_package(str(path))
 
+    @property
+    def precompiled(self) -> Optional[Dict[str, int]]:
+        """Compiled functions loaded from disk and compiled in this process (None: not precompiling)."""
+        if not self._precompiled:
+            return None
+        return {"loaded": sum(p.loaded for p in self._precompiled),
+                "compiled": sum(p.compiled for p in self._precompiled)}
+
     # -- running -------------------------------------------------------------------------------
     def _prepare(self, crops: torch.Tensor) -> torch.Tensor:
         x = crops.to(self.device, non_blocking=True)
-        if x.dtype == torch.uint8:
-            x = x.float().div_(255.0)
-        x = x.to(self._dtype)
-        if self.config.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x
+        if self.config.compile in ("default", "max-autotune"):
+            return x  # the compiled code scales it (emonet.engine.model_input)
+        return model_input(self.model, x)
 
     def _call_model(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
         if self._streamed is not None and x.shape[0] <= self.config.streams:
             return self._streamed(x)
-        if self.config.compile in ("default", "max-autotune") and self.config.dynamic_batch and x.shape[0] > 1:
-            # One compiled graph serves every batch size > 1 (1 is always specialised): convolutions
-            # stay cuDNN calls chosen at run time, so a dynamic batch costs little and saves a
-            # compilation per size. dynamic_batch=False trades those compilations for kernels
-            # specialised to each size (the benchmark measures both).
-            torch._dynamo.mark_dynamic(x, 0)
         return self._forward(x)
 
     def _run_eager(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:

@@ -152,6 +152,11 @@ def decode_heatmaps(heatmaps: torch.Tensor, size: int = CROP_SIZE) -> np.ndarray
     Per channel: the arg-max, moved a quarter pixel towards the larger neighbour on each axis, then
     scaled from the heatmap grid to the crop (x4 for 64 -> 256).
     """
+    return heatmap_coords(heatmaps, size).cpu().numpy().astype(np.float64)
+
+
+def heatmap_coords(heatmaps: torch.Tensor, size: int = CROP_SIZE) -> torch.Tensor:
+    """:func:`decode_heatmaps` left on the heatmaps' device (float32), to be copied back with other results."""
     hm = heatmaps.detach().float()
     n, c, h, w = hm.shape
     flat = hm.reshape(n, c, h * w)
@@ -165,12 +170,18 @@ def decode_heatmaps(heatmaps: torch.Tensor, size: int = CROP_SIZE) -> np.ndarray
     inner_y = (y > 0) & (y < h - 1)
     dx = torch.sign(at(y, x + 1) - at(y, x - 1)) * inner_x
     dy = torch.sign(at(y + 1, x) - at(y - 1, x)) * inner_y
-    coords = torch.stack([xf + 0.25 * dx, yf + 0.25 * dy], dim=2) * (size / w)
-    return coords.cpu().numpy().astype(np.float64)
+    return torch.stack([xf + 0.25 * dx, yf + 0.25 * dy], dim=2) * (size / w)
+
+
+def crop_to_image(matrices: Sequence[np.ndarray], crop_points: np.ndarray) -> np.ndarray:
+    """``(N, K, 2)`` points in each face's crop back to image coordinates (each crop's warp undone)."""
+    if not len(crop_points):
+        return np.zeros((0, *np.shape(crop_points)[1:]))
+    return np.stack([apply(invert(m), p) for m, p in zip(matrices, np.asarray(crop_points, dtype=np.float64))])
 
 
 def landmarks_to_image(heatmaps: torch.Tensor, matrices: Sequence[np.ndarray]) -> np.ndarray:
     """Landmarks in image coordinates: decode the heatmaps, then undo each face's crop warp."""
-    crop_pts = decode_heatmaps(heatmaps)
-    return np.stack([apply(invert(m), p) for m, p in zip(matrices, crop_pts)]) if len(crop_pts) else \
-        np.zeros((0, heatmaps.shape[1], 2))
+    if not len(heatmaps):
+        return np.zeros((0, heatmaps.shape[1], 2))
+    return crop_to_image(matrices, decode_heatmaps(heatmaps))

@@ -52,10 +52,18 @@ class Track:
     smoother: Smoother = field(default_factory=Smoother)
     trail: deque = field(default_factory=lambda: deque(maxlen=30))  # (valence, arousal) history
     missed: int = 0                       # detection frames in a row without a match
+    detected_since: bool = True           # the detector saw it after its last landmarks were read
 
     def crop_matrix(self) -> Optional[np.ndarray]:
-        """The training-convention crop from the last landmarks (None before the first prediction)."""
-        return None if self.landmarks is None else box_to_matrix(landmarks_box(self.landmarks))
+        """The training-convention crop from the last landmarks; None when the detector box is newer."""
+        if self.landmarks is None or self.detected_since:
+            return None
+        return box_to_matrix(landmarks_box(self.landmarks))
+
+    def set_landmarks(self, landmarks: np.ndarray) -> None:
+        """EmoNet's landmarks of the face's latest frame: the next crops come from them."""
+        self.landmarks = landmarks
+        self.detected_since = False
 
 
 class Tracker:
@@ -90,6 +98,7 @@ class Tracker:
             t = self.tracks[ti]
             t.box = t.det_box = detections[di][:4].astype(np.float64)
             t.score, t.missed = float(detections[di][4]), 0
+            t.detected_since = True
         for ti, t in enumerate(self.tracks):
             if ti not in matched_t:
                 t.missed += 1

@@ -81,8 +81,9 @@ class VideoReader:
         self._queue: "queue.Queue[Optional[Frame]]" = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._error: Optional[BaseException] = None
+        # Started on the first iteration, not here: decoding then neither competes with the model's
+        # loading and warm-up for the CPU nor counts their time as its own.
         self._thread = threading.Thread(target=self._run, name="emonet-decode", daemon=True)
-        self._thread.start()
 
     @property
     def expected_frames(self) -> Optional[int]:
@@ -144,6 +145,8 @@ class VideoReader:
                     return
 
     def __iter__(self) -> Iterator[Frame]:
+        if self._thread.ident is None:  # not started yet
+            self._thread.start()
         while True:
             item = self._queue.get()
             if item is None:

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from .checkpoints import UNTRAINED_LABEL
 from .cli import build_detector, build_engine
 from .drawing import PALETTE, annotate, side_panel
-from .geometry import apply, crop_frames, landmarks_to_image, warp_crops
+from .geometry import apply, crop_frames, crop_to_image, heatmap_coords, warp_crops
 from .images import InputError, check_writable_dir
 from .pipeline import Face, Pipeline
 from .runtime import select_device
@@ -214,7 +214,9 @@ class VideoJob:
                 tracks = self.tracker.update(dets)
                 entries = [(t, self.detector.crop_matrix(t.box, frame.image.shape), True) for t in tracks]
             else:
-                entries = [(t, t.crop_matrix() if t.landmarks is not None
+                # From the last landmarks, or, where the detector saw the face later (earlier in
+                # this chunk), from its box: whichever is newer.
+                entries = [(t, m if (m := t.crop_matrix()) is not None
                             else self.detector.crop_matrix(t.box, frame.image.shape), False)
                            for t in self.tracker.active]
             plan.append(entries)
@@ -226,11 +228,14 @@ class VideoJob:
         if batch is not None:
             with self.timer.measure(len(chunk)):
                 out = self.engine(batch)
-            heat = out["heatmap"]
-            logits = out["expression"].cpu().numpy()
-            va = torch.stack([out["valence"], out["arousal"]], 1).cpu().numpy()
+            # Every result leaves the GPU in one copy (one wait), landmarks decoded there.
+            coords = heatmap_coords(out["heatmap"])
+            results = torch.cat([out["expression"], out["valence"][:, None], out["arousal"][:, None],
+                                 coords.flatten(1)], dim=1).cpu().numpy()
+            n = len(self.names)
+            logits, va = results[:, :n], results[:, n:n + 2]
             matrices = [m for entries in plan for _, m, _ in entries]
-            landmarks = landmarks_to_image(heat, matrices)
+            landmarks = crop_to_image(matrices, results[:, n + 2:].reshape(len(results), -1, 2))
         t3 = time.perf_counter()
         self.seconds["emonet"] += t3 - t2
 
@@ -244,7 +249,7 @@ class VideoJob:
                 probs = np.exp(smooth[:n] - smooth[:n].max())
                 probs /= probs.sum()
                 lm = landmarks[k]
-                track.landmarks = lm
+                track.set_landmarks(lm)
                 h, w = frame.image.shape[:2]
                 x1, y1, x2, y2 = track.box if detected else np.r_[lm.min(0), lm.max(0)]
                 if not detected:
@@ -332,6 +337,11 @@ def run(args: argparse.Namespace) -> int:
     job = None
     interrupted = False
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # With the networks on a GPU, this process's CPU tensor work (the detector's box decoding) is small;
+    # torch's default of a thread per core only competes with FFmpeg's decoding threads for the CPU.
+    threads = torch.get_num_threads()
+    if reader.device is not None:
+        torch.set_num_threads(min(4, threads))
     wall0 = time.perf_counter()
     try:
         job = VideoJob(args, reader)
@@ -349,6 +359,7 @@ def run(args: argparse.Namespace) -> int:
         interrupted = True
     finally:
         signal.signal(signal.SIGTERM, previous)
+        torch.set_num_threads(threads)
         reader.close()
         video = job.close() if job else None
     wall = time.perf_counter() - wall0

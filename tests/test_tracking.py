@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from emonet.geometry import box_to_matrix, landmarks_box
 from emonet.tracking import SMOOTHING_WEIGHTS, Smoother, Tracker, iou
 
 
@@ -45,3 +46,16 @@ def test_a_one_frame_detector_miss_keeps_the_id():
 def test_iou():
     assert iou(np.array([0, 0, 10, 10]), np.array([5, 0, 15, 10])) == pytest.approx(50 / 150)
     assert iou(np.array([0, 0, 1, 1]), np.array([2, 2, 3, 3])) == 0.0
+
+
+def test_crops_come_from_whichever_is_newer_the_landmarks_or_the_detector_box():
+    tracker = Tracker()
+    (track,) = tracker.update(np.array([[100.0, 100.0, 200.0, 220.0, 0.9]]))
+    assert track.crop_matrix() is None  # nothing but the detector box yet
+    landmarks = np.random.default_rng(0).uniform(110, 190, (68, 2))
+    track.set_landmarks(landmarks)
+    assert np.allclose(track.crop_matrix(), box_to_matrix(landmarks_box(landmarks)))
+    tracker.update(np.array([[104.0, 100.0, 204.0, 220.0, 0.9]]))  # seen again: the box is newer now
+    assert track.crop_matrix() is None
+    track.set_landmarks(landmarks + 4)
+    assert np.allclose(track.crop_matrix(), box_to_matrix(landmarks_box(landmarks + 4)))

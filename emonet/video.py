@@ -27,13 +27,26 @@ os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
 
 @dataclass
 class Frame:
-    """One decoded frame: its index in the video, its time in seconds, RGB pixels (and a copy on the GPU)."""
+    """One decoded frame: its index in the video, its time in seconds, its pixels (and an RGB copy on the GPU)."""
 
     index: int
     timestamp: float
-    image: np.ndarray
-    pixels: Optional[torch.Tensor] = None        # (H, W, 3) uint8 on the GPU, uploaded by the reader
-    ready: Optional["torch.cuda.Event"] = None   # recorded when that upload has finished
+    host: np.ndarray                              # (H, W, 3) uint8 in host memory: RGB, or BGR if host_is_bgr
+    pixels: Optional[torch.Tensor] = None         # (H, W, 3) uint8 RGB on the GPU, uploaded by the reader
+    ready: Optional["torch.cuda.Event"] = None    # recorded when that upload has finished
+    host_is_bgr: bool = False                     # as OpenCV decodes it: converted only if someone asks
+
+    @property
+    def shape(self) -> tuple:
+        """``(H, W, 3)``."""
+        return self.host.shape
+
+    @property
+    def image(self) -> np.ndarray:
+        """The RGB pixels in host memory (converted from the decoder's BGR on first use)."""
+        if self.host_is_bgr:
+            self.host, self.host_is_bgr = cv2.cvtColor(self.host, cv2.COLOR_BGR2RGB), False
+        return self.host
 
     def on_device(self, device: torch.device) -> torch.Tensor:
         """The frame as an ``(H, W, 3)`` uint8 tensor on ``device``, ordered on the current stream."""
@@ -72,6 +85,7 @@ class VideoReader:
         if not (0 < self.fps < 1000):
             self.fps = 30.0  # cameras and some files report nothing usable
         self.frame_count = int(self.capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
+        self._shape = (int(self.capture.get(cv2.CAP_PROP_FRAME_HEIGHT)), int(self.capture.get(cv2.CAP_PROP_FRAME_WIDTH)), 3)
         self.start, self.end, self.max_frames = start, end, max_frames
         self.first_index = 0
         if start > 0:
@@ -103,20 +117,28 @@ class VideoReader:
                 if self.max_frames is not None and produced >= self.max_frames:
                     break
                 t0 = time.perf_counter()
-                ok, bgr = self.capture.read()
-                if not ok:
-                    break
-                pixels = ready = None
                 if stream is not None:
-                    pinned = torch.empty(bgr.shape, dtype=torch.uint8, pin_memory=True)
-                    rgb = pinned.numpy()
-                    cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB, dst=rgb)
+                    # Decoded straight into pinned memory, uploaded as it is and turned into RGB on the
+                    # GPU: no CPU colour conversion (a third of the decoding time at 720p, measured on the
+                    # H100 machine) and no staging copy. The host copy stays BGR until drawing asks.
+                    pinned = torch.empty(self._shape, dtype=torch.uint8, pin_memory=True)
+                    buffer = pinned.numpy()
+                    ok, bgr = self.capture.read(buffer)
+                    if not ok:
+                        break
+                    if bgr.ctypes.data != buffer.ctypes.data:  # a new size: OpenCV decoded elsewhere
+                        self._shape = bgr.shape
+                        pinned = torch.from_numpy(bgr).pin_memory()
                     with torch.cuda.stream(stream):
-                        pixels = pinned.to(self.device, non_blocking=True)
+                        pixels = pinned.to(self.device, non_blocking=True).flip(-1)
                         ready = torch.cuda.Event()
                         ready.record(stream)
+                    frame_args = dict(host=pinned.numpy(), pixels=pixels, ready=ready, host_is_bgr=True)
                 else:
-                    rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+                    ok, bgr = self.capture.read()
+                    if not ok:
+                        break
+                    frame_args = dict(host=cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
                 self.decode_seconds += time.perf_counter() - t0
                 # From the index, not CAP_PROP_POS_MSEC: some backends report the *next* frame's time.
                 timestamp = index / self.fps
@@ -124,7 +146,7 @@ class VideoReader:
                     break
                 while not self._stop.is_set():
                     try:
-                        self._queue.put(Frame(index, timestamp, rgb, pixels, ready), timeout=0.1)
+                        self._queue.put(Frame(index, timestamp, **frame_args), timeout=0.1)
                         break
                     except queue.Full:
                         continue

@@ -212,12 +212,12 @@ class VideoJob:
                 if args.max_faces:
                     dets = dets[: args.max_faces]
                 tracks = self.tracker.update(dets)
-                entries = [(t, self.detector.crop_matrix(t.box, frame.image.shape), True) for t in tracks]
+                entries = [(t, self.detector.crop_matrix(t.box, frame.shape), True) for t in tracks]
             else:
                 # From the last landmarks, or, where the detector saw the face later (earlier in
                 # this chunk), from its box: whichever is newer.
                 entries = [(t, m if (m := t.crop_matrix()) is not None
-                            else self.detector.crop_matrix(t.box, frame.image.shape), False)
+                            else self.detector.crop_matrix(t.box, frame.shape), False)
                            for t in self.tracker.active]
             plan.append(entries)
         wanted = [(i, m) for i, entries in enumerate(plan) for _, m, _ in entries]
@@ -250,7 +250,7 @@ class VideoJob:
                 probs /= probs.sum()
                 lm = landmarks[k]
                 track.set_landmarks(lm)
-                h, w = frame.image.shape[:2]
+                h, w = frame.shape[:2]
                 x1, y1, x2, y2 = track.box if detected else np.r_[lm.min(0), lm.max(0)]
                 if not detected:
                     track.box = np.array([x1, y1, x2, y2])

@@ -10,6 +10,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,3 +116,30 @@ def test_unwritable_output_and_wrong_extension(clip, tmp_path):
     assert out.returncode == 2 and "cannot write there" in out.stderr
     out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--output", tmp_path / "o.gif")
     assert out.returncode == 2 and ".mp4" in out.stderr
+
+
+def test_reader_frames_are_rgb_and_a_bgr_frame_converts_when_asked(clip):
+    from emonet.video import Frame, VideoReader
+    ok, bgr = cv2.VideoCapture(str(clip)).read()
+    reader = VideoReader(str(clip), max_frames=1)
+    (frame,) = list(reader)
+    reader.close()
+    assert np.array_equal(frame.image, bgr[..., ::-1])
+    lazy = Frame(0, 0.0, host=bgr.copy(), host_is_bgr=True)
+    assert lazy.shape == bgr.shape
+    assert np.array_equal(lazy.image, bgr[..., ::-1]) and not lazy.host_is_bgr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_frames_are_decoded_into_pinned_memory_and_uploaded_as_rgb(clip):
+    from emonet.video import VideoReader
+    device = torch.device("cuda:0")
+    reader = VideoReader(str(clip), max_frames=3, device=device)
+    frames = list(reader)
+    reader.close()
+    cap = cv2.VideoCapture(str(clip))
+    for frame in frames:
+        ok, bgr = cap.read()
+        assert frame.host_is_bgr and np.array_equal(frame.host, bgr)
+        assert np.array_equal(frame.on_device(device).cpu().numpy(), bgr[..., ::-1])
+        assert np.array_equal(frame.image, bgr[..., ::-1])

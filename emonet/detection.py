@@ -57,6 +57,60 @@ def _anchors() -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float32)
 
 
+def decode_blazeface(net, raw_boxes: np.ndarray, raw_scores: np.ndarray, anchors: np.ndarray) -> list[np.ndarray]:
+    """face-alignment's ``BlazeFace._tensors_to_detections`` in NumPy: the same detections, per image an
+    ``(k, 17)`` float32 array (ymin, xmin, ymax, xmax, six keypoints, score).
+
+    The library does it with some thirty torch operations on arrays of 896 rows, each paying torch's
+    per-operation overhead on the CPU (0.7 ms a call on the H100 machine, more than the network);
+    ``tests/test_detection.py`` checks this against the library's own code.
+    """
+    ax, ay, aw, ah = (anchors[:, i].astype(np.float32) for i in range(4))
+    out = np.empty_like(raw_boxes, dtype=np.float32)
+    xc = raw_boxes[..., 0] / net.x_scale * aw + ax
+    yc = raw_boxes[..., 1] / net.y_scale * ah + ay
+    w = raw_boxes[..., 2] / net.w_scale * aw
+    h = raw_boxes[..., 3] / net.h_scale * ah
+    out[..., 0], out[..., 1], out[..., 2], out[..., 3] = yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2
+    out[..., 4::2] = raw_boxes[..., 4::2] / net.x_scale * aw[:, None] + ax[:, None]
+    out[..., 5::2] = raw_boxes[..., 5::2] / net.y_scale * ah[:, None] + ay[:, None]
+    clipped = np.clip(raw_scores[..., 0], -net.score_clipping_thresh, net.score_clipping_thresh)
+    scores = (1.0 / (1.0 + np.exp(-clipped.astype(np.float64)))).astype(np.float32)
+    keep = scores >= net.min_score_thresh
+    return [np.concatenate([out[i][keep[i]], scores[i][keep[i]][:, None]], axis=1) for i in range(len(out))]
+
+
+def weighted_nms(detections: np.ndarray, threshold: float) -> np.ndarray:
+    """face-alignment's BlazeFace weighted non-maximum suppression in NumPy (see :func:`decode_blazeface`).
+
+    Overlapping detections (IoU above ``threshold``) are blended, weighted by score, into one whose score
+    is their mean. Returns ``(faces, 17)``, in the order found (most confident first).
+    """
+    if not len(detections):
+        return np.zeros((0, detections.shape[1] if detections.ndim == 2 else 17), np.float32)
+    boxes = detections[:, :4]
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    remaining = np.argsort(-detections[:, 16], kind="stable")
+    faces = []
+    while len(remaining):
+        first = detections[remaining[0]]
+        others = boxes[remaining]
+        inter = (np.clip(np.minimum(first[2:4], others[:, 2:4]) - np.maximum(first[:2], others[:, :2]), 0, None)
+                 .prod(axis=1))
+        iou = inter / (areas[remaining[0]] + areas[remaining] - inter)
+        mask = iou > threshold
+        mask[0] = True  # the first always goes (a degenerate box, IoU 0 or NaN with itself, would loop forever)
+        overlapping, remaining = remaining[mask], remaining[~mask]
+        face = first.copy()
+        if len(overlapping) > 1:
+            scores = detections[overlapping, 16:17]
+            total = scores.sum()
+            face[:16] = (detections[overlapping, :16] * scores).sum(axis=0) / total
+            face[16] = total / len(overlapping)
+        faces.append(face)
+    return np.stack(faces)
+
+
 class BlazeFaceDetector(FaceDetector):
     """MediaPipe BlazeFace on any device; ``model='back'`` (256 input, faces at any distance) or ``'front'`` (128, selfies)."""
 
@@ -77,7 +131,8 @@ class BlazeFaceDetector(FaceDetector):
         self.net = BlazeFace(back_model=(model == "back"))
         self.net.load_state_dict(state[model])
         self.net.to(self.device).eval()
-        self.net.anchors = _anchors()  # decoding runs on the CPU (see _detect)
+        self.net.anchors = _anchors()
+        self._anchors_np = self.net.anchors.numpy()  # decoding runs on the CPU (see _detect)
         if min_score is not None:
             self.net.min_score_thresh = min_score
         self.size = 256 if model == "back" else 128
@@ -128,18 +183,18 @@ class BlazeFaceDetector(FaceDetector):
             x = torch.cat([x, x[-1:].expand(padded - len(images), -1, -1, -1)])
         with torch.inference_mode():
             raw_boxes, raw_scores = self._forward(x)
-            # face-alignment's own decoding, on the CPU: it is dozens of tiny operations and a sync per
-            # image, which cost more as GPU launches than the network itself. One copy brings 57 KB back.
+            # Decoded on the CPU after one copy (57 KB): as GPU launches, its dozens of tiny operations
+            # and a sync per image cost more than the network itself.
             n = len(images)
-            per_image = self.net._tensors_to_detections(raw_boxes[:n].float().cpu(), raw_scores[:n].float().cpu(),
-                                                        self.net.anchors)
+            raw = torch.cat([raw_boxes[:n], raw_scores[:n]], dim=2).float().cpu().numpy()
+        per_image = decode_blazeface(self.net, raw[..., :-1], raw[..., -1:], self._anchors_np)
         results = []
         for dets, (scale, px, py) in zip(per_image, params):
-            faces = self.net._weighted_non_max_suppression(dets) if len(dets) else []
-            if not faces:
+            faces = weighted_nms(dets, self.net.min_suppression_threshold)
+            if not len(faces):
                 results.append(np.zeros((0, 5)))
                 continue
-            d = torch.stack(faces).cpu().numpy().astype(np.float64)  # ymin, xmin, ymax, xmax, kp..., score
+            d = faces.astype(np.float64)  # ymin, xmin, ymax, xmax, keypoints..., score
             boxes = np.stack([d[:, 1], d[:, 0], d[:, 3], d[:, 2]], axis=1) * self.size
             boxes = (boxes - [px, py, px, py]) / scale
             out = np.concatenate([boxes, d[:, -1:]], axis=1)

@@ -81,11 +81,14 @@ def warp_crops_torch(image: torch.Tensor, matrices: Sequence[np.ndarray], size: 
     h, w = image.shape[-2:]
     def to_norm(width: int, height: int) -> np.ndarray:  # pixel -> [-1, 1] (align_corners=False)
         return np.array([[2.0 / width, 0, 1.0 / width - 1], [0, 2.0 / height, 1.0 / height - 1], [0, 0, 1]])
-    thetas = []
-    for m in matrices:
-        inv = np.vstack([invert(m), [0, 0, 1]])  # crop pixel -> image pixel
-        thetas.append((to_norm(w, h) @ inv @ np.linalg.inv(to_norm(size, size)))[:2])
-    theta = _upload(np.stack(thetas).astype(np.float32), image.device)
+    # All crops at once (a chunk of video frames has dozens): crop pixel -> image pixel, then normalised.
+    m = np.asarray(matrices, dtype=np.float64).reshape(-1, 2, 3)
+    inv = np.zeros((len(m), 3, 3))
+    inv[:, :2, :2] = np.linalg.inv(m[:, :, :2])
+    inv[:, :2, 2] = -np.einsum("nij,nj->ni", inv[:, :2, :2], m[:, :, 2])
+    inv[:, 2, 2] = 1.0
+    thetas = (to_norm(w, h) @ inv @ np.linalg.inv(to_norm(size, size)))[:, :2]
+    theta = _upload(thetas.astype(np.float32), image.device)
     grid = torch.nn.functional.affine_grid(theta, [len(matrices), 3, size, size], align_corners=False)
     if frame_index is None:
         src = image.unsqueeze(0).float().expand(len(matrices), -1, -1, -1)

@@ -61,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json and args.json != "-":
         check_writable_dir(Path(args.json).parent if str(Path(args.json).parent) else Path("."))
 
+    # A lone image that cannot be read is bad input: say so before paying the engine's load and warm-up
+    # (a compiled engine's first start takes minutes). Among several, it is one warning and exit code 1.
+    first = read_image(paths[0]) if len(paths) == 1 else None
+
     engine = build_engine(args)
     detector = build_detector(args, engine)
     pipeline = Pipeline(engine, detector, refine=args.refine)
@@ -73,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     bar = tqdm(paths, unit="image", disable=len(paths) < 4, file=sys.stderr)
     for path in bar:
         try:
-            image = read_image(path)
+            image = first if first is not None else read_image(path)
         except InputError as exc:
             failures += 1
             tqdm.write(f"warning: {exc}", file=sys.stderr)

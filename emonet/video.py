@@ -48,10 +48,10 @@ class Frame:
             self.host, self.host_is_bgr = cv2.cvtColor(self.host, cv2.COLOR_BGR2RGB), False
         return self.host
 
-    def on_device(self, device: torch.device) -> torch.Tensor:
-        """The frame as an ``(H, W, 3)`` uint8 tensor on ``device``, ordered on the current stream."""
+    def on_device(self, device: torch.device, stream: Optional["torch.cuda.Stream"] = None) -> torch.Tensor:
+        """The frame as an ``(H, W, 3)`` uint8 RGB tensor on ``device``, ordered on ``stream`` (default: the current one)."""
         if self.pixels is not None and self.pixels.device == device:
-            stream = torch.cuda.current_stream(device)
+            stream = stream or torch.cuda.current_stream(device)
             stream.wait_event(self.ready)
             self.pixels.record_stream(stream)  # the reader's stream allocated it; this one reads it
             return self.pixels

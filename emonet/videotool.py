@@ -197,7 +197,8 @@ class VideoJob:
             self.since_detection = 0 if is_det else self.since_detection + 1
             self.need_detection = False
         if self.engine.device.type == "cuda":  # uploaded once (by the reader), shared by detector and crops
-            pixels = [f.on_device(self.engine.device) for f in chunk]
+            stream = torch.cuda.current_stream(self.engine.device)
+            pixels = [f.on_device(self.engine.device, stream) for f in chunk]
         else:
             pixels = [f.image for f in chunk]
         det_images = [px for px, d in zip(pixels, detect) if d]

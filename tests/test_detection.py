@@ -5,8 +5,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from emonet.detection import BlazeFaceDetector, DetectorError, WholeImageDetector, create_detector
+from emonet.detection import (BlazeFaceDetector, DetectorError, WholeImageDetector, create_detector,
+                              decode_blazeface, weighted_nms)
 from emonet.images import read_image
 
 DATA = Path(__file__).parent / "data"
@@ -98,3 +100,27 @@ def test_sfd_offline_is_one_clear_line(tmp_path):
             "try:\n    create_detector('sfd')\nexcept DetectorError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert "could not be downloaded" in out.stdout and "--detector blazeface" in out.stdout
+
+
+def test_numpy_decoding_and_nms_equal_face_alignments_own(detector, photo):
+    two_faces = np.concatenate([photo, photo[:, ::-1]], axis=1)
+    x, _ = detector.letterbox([photo, two_faces])
+    with torch.inference_mode():
+        raw_boxes, raw_scores = detector.net(x)
+    rng = np.random.default_rng(0)  # and a noisy batch: many candidates, many overlaps (sizes kept positive)
+    shift = rng.normal(0, 3, raw_boxes.shape).astype(np.float32)
+    shift[..., 2:4] = 0
+    noisy_boxes = raw_boxes + torch.from_numpy(shift)
+    noisy_scores = raw_scores + torch.from_numpy(rng.normal(0, 4, raw_scores.shape).astype(np.float32))
+    net = detector.net
+    for boxes, scores in ((raw_boxes, raw_scores), (noisy_boxes, noisy_scores)):
+        theirs = net._tensors_to_detections(boxes, scores, net.anchors)
+        ours = decode_blazeface(net, boxes.numpy(), scores.numpy(), net.anchors.numpy())
+        for t, o in zip(theirs, ours):
+            np.testing.assert_allclose(o, t.numpy(), rtol=1e-5, atol=1e-5)
+            faces_theirs = net._weighted_non_max_suppression(t)
+            faces_ours = weighted_nms(o, net.min_suppression_threshold)
+            assert len(faces_ours) == len(faces_theirs)
+            if len(faces_theirs):
+                np.testing.assert_allclose(faces_ours, torch.stack(faces_theirs).numpy(), rtol=1e-4, atol=1e-5)
+    assert sum(len(weighted_nms(o, net.min_suppression_threshold)) for o in ours) > 2  # the noisy case is not empty

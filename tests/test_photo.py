@@ -58,6 +58,13 @@ def test_no_face_bad_image_and_json_file(tmp_path):
     assert "decode" in by_name["broken.jpg"]["error"]
 
 
+def test_a_lone_unreadable_image_fails_before_the_engine_is_built(tmp_path):
+    (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8\xff garbage")
+    out = demo("--image", tmp_path / "broken.jpg", "--weights", "random", "--device", "cpu")
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "not an image OpenCV can decode" in out.stderr and "EmoNet (" not in out.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["--image", "nowhere.jpg"], "nowhere.jpg: no such file or folder"),
     (["--image", PHOTO, "--weights", "missing.pth"], "checkpoint not found"),

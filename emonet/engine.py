@@ -222,18 +222,20 @@ class Engine:
         if self.config.channels_last:
             net = net.to(memory_format=torch.channels_last)
         self.model = net
-        wrap = self._compiler() if self.config.compile in ("default", "max-autotune") else (lambda fn, name, mark=None: fn)
-        whole = None
+        self._compiled = self.config.compile in ("default", "max-autotune")
+        compile_fn = self._compiler() if self._compiled else (lambda fn, name, mark=None: fn)
+        pieces = []
+
+        def wrap(fn, name, mark=None):
+            pieces.append(compile_fn(fn, name, mark))
+            return pieces[-1]
+
         if self.config.compile == "aot":
             self._forward = self._aot_package(net)
         else:
             whole = wrap(_whole, "model", self._mark_batch)
             self._forward = lambda x: whole(net, x)
         self._streamed = StreamedForward(net, self.device, wrap) if self.config.streams else None
-        pieces = [whole] if self.config.compile in ("default", "max-autotune") else []
-        if self._streamed is not None:
-            pieces += [self._streamed.stem, self._streamed.stack_tail, self._streamed.head,
-                       self._streamed.block, self._streamed.pool_block, self._streamed.block_merge]
         self._precompiled = [p for p in pieces if isinstance(p, precompile.Precompiled)]
         self._graphs: Dict[int, tuple] = {}  # batch size -> (graph, static input, static outputs)
         if self.config.warmup:
@@ -341,7 +343,7 @@ class Engine:
     # -- running -------------------------------------------------------------------------------
     def _prepare(self, crops: torch.Tensor) -> torch.Tensor:
         x = crops.to(self.device, non_blocking=True)
-        if self.config.compile in ("default", "max-autotune"):
+        if self._compiled:
             return x  # the compiled code scales it (emonet.engine.model_input)
         return model_input(self.model, x)
 
@@ -418,7 +420,7 @@ class Engine:
             torch.cuda.synchronize(self.device)
         self.warmup_ms = (time.perf_counter() - t0) * 1e3
         paid = [name for name, on in (("cuDNN autotuning", self.device.type == "cuda"),
-                                      ("compilation", self.config.compile in ("default", "max-autotune")),
+                                      ("compilation", self._compiled),
                                       ("CUDA graph capture", self.config.cuda_graphs)) if on]
         self._log(f"engine warm-up ({self.config.name}, batch sizes "
                   f"{', '.join(map(str, self.config.batch_sizes))}): {self.warmup_ms / 1e3:.2f} s "

@@ -85,7 +85,8 @@ class VideoReader:
         if not (0 < self.fps < 1000):
             self.fps = 30.0  # cameras and some files report nothing usable
         self.frame_count = int(self.capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
-        self._shape = (int(self.capture.get(cv2.CAP_PROP_FRAME_HEIGHT)), int(self.capture.get(cv2.CAP_PROP_FRAME_WIDTH)), 3)
+        # (H, W, 3) as the container says (zeros where it does not); the decoder updates it if frames change size.
+        self.frame_shape = (int(self.capture.get(cv2.CAP_PROP_FRAME_HEIGHT)), int(self.capture.get(cv2.CAP_PROP_FRAME_WIDTH)), 3)
         self.start, self.end, self.max_frames = start, end, max_frames
         self.first_index = 0
         if start > 0:
@@ -121,13 +122,13 @@ class VideoReader:
                     # Decoded straight into pinned memory, uploaded as it is and turned into RGB on the
                     # GPU: no CPU colour conversion (a third of the decoding time at 720p, measured on the
                     # H100 machine) and no staging copy. The host copy stays BGR until drawing asks.
-                    pinned = torch.empty(self._shape, dtype=torch.uint8, pin_memory=True)
+                    pinned = torch.empty(self.frame_shape, dtype=torch.uint8, pin_memory=True)
                     buffer = pinned.numpy()
                     ok, bgr = self.capture.read(buffer)
                     if not ok:
                         break
                     if bgr.ctypes.data != buffer.ctypes.data:  # a new size: OpenCV decoded elsewhere
-                        self._shape = bgr.shape
+                        self.frame_shape = bgr.shape
                         pinned = torch.from_numpy(bgr).pin_memory()
                     with torch.cuda.stream(stream):
                         pixels = pinned.to(self.device, non_blocking=True).flip(-1)

@@ -22,7 +22,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
-import cv2
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -226,6 +225,7 @@ class VideoJob:
         t2 = time.perf_counter()
         self.seconds["crop"] += t2 - t1
 
+        n = len(self.names)
         if batch is not None:
             with self.timer.measure(len(chunk)):
                 out = self.engine(batch)
@@ -233,8 +233,6 @@ class VideoJob:
             coords = heatmap_coords(out["heatmap"])
             results = torch.cat([out["expression"], out["valence"][:, None], out["arousal"][:, None],
                                  coords.flatten(1)], dim=1).cpu().numpy()
-            n = len(self.names)
-            logits, va = results[:, :n], results[:, n:n + 2]
             matrices = [m for entries in plan for _, m, _ in entries]
             landmarks = crop_to_image(matrices, results[:, n + 2:].reshape(len(results), -1, 2))
         t3 = time.perf_counter()
@@ -244,9 +242,8 @@ class VideoJob:
         for frame, entries in zip(chunk, plan):
             faces = []
             for track, matrix, detected in entries:
-                raw = np.concatenate([logits[k], va[k]])
+                raw = results[k, :n + 2]  # logits, valence, arousal
                 smooth = track.smoother(raw) if args.smooth else raw
-                n = len(self.names)
                 probs = np.exp(smooth[:n] - smooth[:n].max())
                 probs /= probs.sum()
                 lm = landmarks[k]
@@ -346,8 +343,8 @@ def run(args: argparse.Namespace) -> int:
     wall0 = time.perf_counter()
     try:
         job = VideoJob(args, reader)
-        shape = (int(reader.capture.get(cv2.CAP_PROP_FRAME_HEIGHT)) or 720,
-                 int(reader.capture.get(cv2.CAP_PROP_FRAME_WIDTH)) or 1280, 3)
+        height, width, _ = reader.frame_shape
+        shape = (height or 720, width or 1280, 3)  # cameras may not say
         Pipeline(job.engine, job.detector).warmup(shape)
         wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
         bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True)

@@ -39,6 +39,15 @@ class FaceDetector:
         """Per image, an ``(k, 5)`` array ``x1, y1, x2, y2, score``, best first."""
         raise NotImplementedError
 
+    def launch(self, images: Sequence[np.ndarray]):
+        """Start detecting; :meth:`collect` returns what :meth:`detect` would. A GPU backend queues its
+        work and returns at once, so the caller can do something else meanwhile; the default just detects."""
+        return self.detect(images)
+
+    def collect(self, handle) -> list[np.ndarray]:
+        """The boxes of a :meth:`launch`, waiting for them if need be."""
+        return handle
+
     def crop_matrix(self, box: np.ndarray, image_shape: tuple) -> np.ndarray:
         """The 2x3 affine from the image to this face's 256x256 crop."""
         return box_to_matrix(box, self.reference_scale, self.shift)
@@ -65,19 +74,24 @@ def decode_blazeface(net, raw_boxes: np.ndarray, raw_scores: np.ndarray, anchors
     per-operation overhead on the CPU (0.7 ms a call on the H100 machine, more than the network);
     ``tests/test_detection.py`` checks this against the library's own code.
     """
-    ax, ay, aw, ah = (anchors[:, i].astype(np.float32) for i in range(4))
-    out = np.empty_like(raw_boxes, dtype=np.float32)
-    xc = raw_boxes[..., 0] / net.x_scale * aw + ax
-    yc = raw_boxes[..., 1] / net.y_scale * ah + ay
-    w = raw_boxes[..., 2] / net.w_scale * aw
-    h = raw_boxes[..., 3] / net.h_scale * ah
-    out[..., 0], out[..., 1], out[..., 2], out[..., 3] = yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2
-    out[..., 4::2] = raw_boxes[..., 4::2] / net.x_scale * aw[:, None] + ax[:, None]
-    out[..., 5::2] = raw_boxes[..., 5::2] / net.y_scale * ah[:, None] + ay[:, None]
     clipped = np.clip(raw_scores[..., 0], -net.score_clipping_thresh, net.score_clipping_thresh)
     scores = (1.0 / (1.0 + np.exp(-clipped.astype(np.float64)))).astype(np.float32)
     keep = scores >= net.min_score_thresh
-    return [np.concatenate([out[i][keep[i]], scores[i][keep[i]][:, None]], axis=1) for i in range(len(out))]
+    results = []
+    for i in range(len(raw_boxes)):  # only the anchors that pass: a handful of the 896
+        raw, a = raw_boxes[i][keep[i]].astype(np.float32), anchors[keep[i]].astype(np.float32)
+        ax, ay, aw, ah = a[:, 0:1], a[:, 1:2], a[:, 2:3], a[:, 3:4]
+        out = np.empty((len(raw), 17), dtype=np.float32)
+        xc = raw[:, 0:1] / net.x_scale * aw + ax
+        yc = raw[:, 1:2] / net.y_scale * ah + ay
+        w = raw[:, 2:3] / net.w_scale * aw
+        h = raw[:, 3:4] / net.h_scale * ah
+        out[:, 0:1], out[:, 1:2], out[:, 2:3], out[:, 3:4] = yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2
+        out[:, 4:16:2] = raw[:, 4::2] / net.x_scale * aw + ax
+        out[:, 5:16:2] = raw[:, 5::2] / net.y_scale * ah + ay
+        out[:, 16] = scores[i][keep[i]]
+        results.append(out)
+    return results
 
 
 def weighted_nms(detections: np.ndarray, threshold: float) -> np.ndarray:
@@ -147,36 +161,43 @@ class BlazeFaceDetector(FaceDetector):
         """
         s = self.size
         batch = torch.full((len(images), 3, s, s), -1.0, device=self.device)  # -1 is black after scaling
-        params = []
+        # Images of one size (a video's frames) are resized together: a few launches per call, not per image.
+        groups: dict = {}
         for i, image in enumerate(images):
-            h, w = image.shape[:2]
+            groups.setdefault(tuple(image.shape[:2]), []).append(i)
+        params = [None] * len(images)
+        for (h, w), members in groups.items():
             scale = s / max(h, w)
             nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
             px, py = (s - nw) // 2, (s - nh) // 2
-            x = image if torch.is_tensor(image) else torch.from_numpy(np.ascontiguousarray(image))
-            x = x.to(self.device, non_blocking=True)
-            x = x.permute(2, 0, 1).unsqueeze(0).float()
+            x = torch.stack([images[i] if torch.is_tensor(images[i])
+                             else torch.from_numpy(np.ascontiguousarray(images[i])) for i in members])
+            x = x.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
             x = torch.nn.functional.interpolate(x, size=(nh, nw), mode="bilinear", antialias=True,
                                                 align_corners=False)
-            batch[i, :, py:py + nh, px:px + nw] = x[0] / 127.5 - 1.0
-            params.append((scale, px, py))
+            contiguous = members == list(range(members[0], members[-1] + 1))
+            rows = slice(members[0], members[-1] + 1) if contiguous else torch.tensor(members, device=self.device)
+            batch[rows, :, py:py + nh, px:px + nw] = x / 127.5 - 1.0
+            for i in members:
+                params[i] = (scale, px, py)
         return batch, params
 
     def detect(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
-        if not len(images):
-            return []
-        results = []
-        for start in range(0, len(images), self.max_batch):
-            results += self._detect(images[start:start + self.max_batch])
-        return results
+        return self.collect(self.launch(images))
+
+    def launch(self, images: Sequence[np.ndarray]) -> list[tuple]:
+        return [self._launch(images[start:start + self.max_batch]) for start in range(0, len(images), self.max_batch)]
+
+    def collect(self, handle: list[tuple]) -> list[np.ndarray]:
+        return [faces for part in handle for faces in self._collect(*part)]
 
     def warmup(self, shape: tuple = (720, 1280, 3)) -> None:
         """Run every padded batch size once, so cuDNN's autotuning is paid at load, not on real frames."""
         blank = np.zeros(shape, np.uint8)
         for b in (1 << k for k in range(self.max_batch.bit_length())):
-            self._detect([blank] * b)
+            self.detect([blank] * b)
 
-    def _detect(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def _launch(self, images: Sequence[np.ndarray]) -> tuple:
         x, params = self.letterbox(images)
         padded = 1 << (len(images) - 1).bit_length()  # few distinct shapes: few autotuning runs
         if padded > len(images):
@@ -186,7 +207,19 @@ class BlazeFaceDetector(FaceDetector):
             # Decoded on the CPU after one copy (57 KB): as GPU launches, its dozens of tiny operations
             # and a sync per image cost more than the network itself.
             n = len(images)
-            raw = torch.cat([raw_boxes[:n], raw_scores[:n]], dim=2).float().cpu().numpy()
+            raw = torch.cat([raw_boxes[:n], raw_scores[:n]], dim=2).float()
+            if self.device.type != "cuda":
+                return raw, None, params
+            host = torch.empty(raw.shape, dtype=raw.dtype, pin_memory=True)
+            host.copy_(raw, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            return host, done, params
+
+    def _collect(self, raw: torch.Tensor, done: Optional["torch.cuda.Event"], params: list) -> list[np.ndarray]:
+        if done is not None:
+            done.synchronize()
+        raw = raw.numpy()
         per_image = decode_blazeface(self.net, raw[..., :-1], raw[..., -1:], self._anchors_np)
         results = []
         for dets, (scale, px, py) in zip(per_image, params):
@@ -200,7 +233,6 @@ class BlazeFaceDetector(FaceDetector):
             out = np.concatenate([boxes, d[:, -1:]], axis=1)
             results.append(out[np.argsort(-out[:, 4])])
         return results
-
 
     def _forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The network; on a GPU as a CUDA graph per padded batch size (eager, it is ~150 tiny launches)."""

@@ -22,10 +22,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import precompile
+from .geometry import heatmap_coords
 from .models import EmoNet
 from .runtime import RuntimeConfig
 
-OUTPUT_KEYS = ("heatmap", "expression", "valence", "arousal")
+OUTPUT_KEYS = ("heatmap", "landmarks", "expression", "valence", "arousal")
 
 
 @dataclass(frozen=True)
@@ -355,7 +356,8 @@ class Engine:
     def _run_eager(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
         with torch.inference_mode():
             out = self._call_model(self._prepare(crops))
-        return {k: out[k].float() for k in OUTPUT_KEYS}
+        return {**{k: out[k].float() for k in OUTPUT_KEYS if k != "landmarks"},
+                "landmarks": heatmap_coords(out["heatmap"])}
 
     def _capture(self, batch: int, dtype_in: torch.dtype) -> tuple:
         static_in = torch.zeros(batch, 3, 256, 256, device=self.device, dtype=dtype_in)
@@ -370,17 +372,19 @@ class Engine:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream), torch.inference_mode():
             out = self._call_model(self._prepare(static_in))
-            # All outputs in one float32 buffer, so a replay's results leave the graph in one copy.
-            static_out = torch.cat([out["heatmap"].flatten(1).float(), out["expression"].float(),
-                                    out["valence"].float()[:, None], out["arousal"].float()[:, None]], dim=1)
+            # All outputs in one float32 buffer, so a replay's results leave the graph in one copy; the
+            # landmarks are decoded inside the graph too (some forty small kernels, no launch cost).
+            static_out = torch.cat([out["heatmap"].flatten(1).float(), heatmap_coords(out["heatmap"]).flatten(1),
+                                    out["expression"].float(), out["valence"].float()[:, None],
+                                    out["arousal"].float()[:, None]], dim=1)
         return graph, static_in, static_out
 
     def _split(self, flat: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """The output dict as views of one ``(N, 68*64*64 + n_expression + 2)`` buffer."""
-        n, k = flat.shape[0], self.n_expression
-        heat = flat[:, :-(k + 2)]
-        return {"heatmap": heat.view(n, -1, 64, 64), "expression": flat[:, -(k + 2):-2],
-                "valence": flat[:, -2], "arousal": flat[:, -1]}
+        """The output dict as views of one ``(N, 68*64*64 + 68*2 + n_expression + 2)`` buffer."""
+        n, k, points = flat.shape[0], self.n_expression, 68 * 2
+        return {"heatmap": flat[:, :-(k + 2 + points)].view(n, -1, 64, 64),
+                "landmarks": flat[:, -(k + 2 + points):-(k + 2)].view(n, -1, 2),
+                "expression": flat[:, -(k + 2):-2], "valence": flat[:, -2], "arousal": flat[:, -1]}
 
     def _run_fixed(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
         """Pad to the next configured batch size: graphs and compiled code are specialised to shapes."""
@@ -399,6 +403,8 @@ class Engine:
         return self._split(static_out[:n].clone())
 
     def __call__(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """EmoNet on ``(N, 3, 256, 256)`` uint8 crops: heatmaps, landmarks ``(N, 68, 2)`` in crop pixels
+        (decoded from the heatmaps, spec §5), expression logits, valence and arousal; float32."""
         if crops.ndim != 4 or tuple(crops.shape[1:]) != (3, 256, 256):
             raise ValueError(f"expected crops of shape (N, 3, 256, 256), got {tuple(crops.shape)}")
         if crops.shape[0] == 0:

@@ -16,7 +16,7 @@ import torch
 
 from .detection import FaceDetector, WholeImageDetector
 from .engine import Engine
-from .geometry import CROP_SIZE, box_to_matrix, crop_faces, landmarks_box, landmarks_to_image, to_tensor
+from .geometry import CROP_SIZE, box_to_matrix, crop_faces, crop_to_image, landmarks_box, to_tensor
 
 
 @dataclass
@@ -89,7 +89,7 @@ class Pipeline:
                     for img, dets in zip(images, detections)]
         out = self._predict(images, matrices)
         flat = [m for mats in matrices for m in mats]
-        landmarks = landmarks_to_image(out["heatmap"], flat)
+        landmarks = crop_to_image(flat, out["landmarks"].cpu().numpy())
         if self.refine and flat:
             # Second pass: re-crop from EmoNet's own landmarks with the training convention (spec §5).
             refined = [box_to_matrix(landmarks_box(p)) for p in landmarks]
@@ -97,7 +97,7 @@ class Pipeline:
             matrices = [[next(it) for _ in mats] for mats in matrices]
             flat = refined
             out = self._predict(images, matrices)
-            landmarks = landmarks_to_image(out["heatmap"], flat)
+            landmarks = crop_to_image(flat, out["landmarks"].cpu().numpy())
         return self._faces(out, detections, matrices, landmarks)
 
     def _faces(self, out, detections, matrices, landmarks) -> list[list[Face]]:

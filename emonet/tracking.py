@@ -22,13 +22,19 @@ class Smoother:
 
     def __init__(self, weights: np.ndarray = SMOOTHING_WEIGHTS) -> None:
         self.weights = np.asarray(weights, dtype=np.float64)
-        self.history: deque = deque(maxlen=len(self.weights))
+        self.history: Optional[np.ndarray] = None  # the last len(weights) vectors, oldest first
+        self.seen = 0
 
     def __call__(self, raw: np.ndarray) -> np.ndarray:
         """Add the newest raw vector; return the smoothed one."""
-        self.history.append(np.asarray(raw, dtype=np.float64))
-        w = self.weights[-len(self.history):]
-        return (np.stack(self.history) * w[:, None]).sum(axis=0) / w.sum()
+        raw = np.asarray(raw, dtype=np.float64)
+        if self.history is None:
+            self.history = np.zeros((len(self.weights), len(raw)))
+        self.history[:-1] = self.history[1:]  # a row per frame: cheaper than stacking a deque each time
+        self.history[-1] = raw
+        self.seen = min(self.seen + 1, len(self.weights))
+        w = self.weights[-self.seen:]
+        return w @ self.history[-self.seen:] / w.sum()
 
 
 def iou(a: np.ndarray, b: np.ndarray) -> float:

@@ -1,11 +1,15 @@
 """The video tool behind ``demo_video.py``: stream frames, track faces, batch them through EmoNet, write results.
 
-Frames come from a decoding thread in chunks of ``--batch-size``. In a chunk, the detector runs (batched)
+Frames come from a decoding process in chunks of ``--batch-size``. In a chunk, the detector runs (batched)
 on the detection frames (every ``--detect-every`` frames, or when no face is tracked); on the others each
 face is cropped from its last landmarks, by the training convention. Every face of every frame of the
 chunk then goes through the engine in one call. With ``--batch-size 1`` the crops between detections come
 from the previous frame's landmarks exactly; with larger batches, from the last frame of the previous
 chunk (a trade of crop freshness for GPU batching).
+
+The loop is software-pipelined on a GPU: a chunk's detection (on a stream of its own) runs while the
+previous chunk's EmoNet results, which come back in one asynchronous copy, are read and written; only
+then is the chunk tracked and cropped, so the result is the same as one chunk after the other.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -29,7 +34,7 @@ from tqdm import tqdm
 from .checkpoints import UNTRAINED_LABEL
 from .cli import build_detector, build_engine
 from .drawing import PALETTE, annotate, side_panel
-from .geometry import apply, crop_frames, crop_to_image, heatmap_coords, warp_crops
+from .geometry import apply, crop_frames, crop_to_image, warp_crops
 from .images import InputError, check_writable_dir
 from .pipeline import Face, Pipeline
 from .runtime import select_device
@@ -37,7 +42,17 @@ from .timing import LatencyTimer
 from .tracking import Track, Tracker
 from .video import Frame, VideoReader, VideoWriter
 
-STAGES = ("decode", "detect", "crop", "emonet", "draw", "encode")
+STAGES = ("decode", "detect", "crop", "emonet", "results", "draw", "encode")
+
+
+@dataclass
+class _Pending:
+    """A chunk whose EmoNet results are on their way back from the GPU."""
+
+    chunk: list[Frame]
+    plan: list[list[tuple[Track, np.ndarray, bool]]]  # per frame: (track, crop matrix, detected)
+    results: Optional[torch.Tensor] = None  # per face: logits, valence, arousal, landmarks (pinned on a GPU)
+    done: Optional["torch.cuda.Event"] = None  # recorded after the copy into ``results``
 
 
 class RowWriter:
@@ -71,23 +86,18 @@ class RowWriter:
         if not faces:
             self._write({"frame": frame.index, "timestamp": round(frame.timestamp, 4)})
         for track, face, detected in faces:
-            row = {"frame": frame.index, "timestamp": round(frame.timestamp, 4), "face_id": track.id,
-                   "detected": int(detected), "score": round(face.score, 4),
-                   **{k: round(float(v), 2) for k, v in zip(("x1", "y1", "x2", "y2"), face.box)},
-                   "expression": self.class_names[face.expression],
-                   **{f"p_{c}": round(float(p), 5) for c, p in zip(self.class_names, face.probabilities)},
-                   "valence": round(face.valence, 5), "arousal": round(face.arousal, 5)}
+            values = [frame.index, round(frame.timestamp, 4), track.id, int(detected), round(face.score, 4),
+                      *np.round(face.box, 2).tolist(), self.class_names[face.expression],
+                      *np.round(face.probabilities, 5).tolist(), round(face.valence, 5), round(face.arousal, 5)]
             if self.landmarks:
-                for i, (x, y) in enumerate(face.landmarks):
-                    row[f"x{i}"], row[f"y{i}"] = round(float(x), 2), round(float(y), 2)
-            self._write(row)
+                values += np.round(face.landmarks, 2).ravel().tolist()  # x0, y0, x1, y1, ...
+            self._write(dict(zip(self.fields, values)))
 
     def _write(self, row: dict) -> None:
         if self.csv:
             self.csv.writerow([row.get(f, "") for f in self.fields])
         if self.jsonl:
-            full = {f: row.get(f) for f in self.fields}
-            self.jsonl.write(json.dumps(full) + "\n")
+            self.jsonl.write(json.dumps({f: row.get(f) for f in self.fields}) + "\n")
 
     def flush(self) -> None:
         """Push finished rows to disk, so an interruption keeps them."""
@@ -179,34 +189,58 @@ class VideoJob:
         self.frames = self.faces = 0
         self.need_detection = True
         self.since_detection = 0
+        # The detector gets a stream of its own: a chunk's detection then runs beside, and waits for
+        # nothing of, the previous chunk's EmoNet work; high priority, so its few small kernels get the
+        # SMs as EmoNet's blocks finish instead of queueing behind all of them.
+        gpu = self.engine.device.type == "cuda"
+        self.det_stream = torch.cuda.Stream(self.engine.device, priority=-1) if gpu else None
         self.banner = f"EmoNet: {UNTRAINED_LABEL}" if self.engine.untrained else None
 
     def _sync(self) -> None:
         if self.engine.device.type == "cuda":
             torch.cuda.synchronize(self.engine.device)
 
-    def process(self, chunk: list[Frame]) -> None:
-        """Detect, crop, predict, track, write and draw one chunk of frames."""
-        args = self.args
+    def _launch_detector(self, frames: list[Frame]):
+        """Queue the detector on ``frames``; on a GPU on its own stream, so it waits for nothing queued before."""
+        if self.det_stream is None:
+            return self.detector.launch([f.image for f in frames])
+        with torch.cuda.stream(self.det_stream):
+            return self.detector.launch([f.on_device(self.engine.device, self.det_stream) for f in frames])
+
+    def detect(self, chunk: list[Frame]) -> tuple[list[bool], object]:
+        """Which frames of the chunk run the detector (every ``--detect-every``, or when no face is tracked);
+        their detection is queued (``launch`` collects it).
+
+        Needs nothing from the previous chunk's results, so it runs while that chunk's are read.
+        """
         t0 = time.perf_counter()
-        detect = []
-        for frame in chunk:  # which frames run the detector
-            is_det = self.need_detection or self.since_detection >= args.detect_every - 1
-            detect.append(is_det)
+        flags = []
+        for _ in chunk:
+            is_det = self.need_detection or self.since_detection >= self.args.detect_every - 1
+            flags.append(is_det)
             self.since_detection = 0 if is_det else self.since_detection + 1
             self.need_detection = False
-        if self.engine.device.type == "cuda":  # uploaded once (by the reader), shared by detector and crops
-            stream = torch.cuda.current_stream(self.engine.device)
-            pixels = [f.on_device(self.engine.device, stream) for f in chunk]
-        else:
-            pixels = [f.image for f in chunk]
-        det_images = [px for px, d in zip(pixels, detect) if d]
-        det_iter = iter(self.detector.detect(det_images) if det_images else [])
+        picked = [f for f, d in zip(chunk, flags) if d]
+        handle = self._launch_detector(picked) if picked else None
+        self.seconds["detect"] += time.perf_counter() - t0
+        return flags, handle
+
+    def launch(self, chunk: list[Frame], flags: list[bool], handle) -> _Pending:
+        """Track, crop and queue EmoNet for one chunk; the results are copied back without waiting for them."""
+        args = self.args
+        t0 = time.perf_counter()
+        boxes = self.detector.collect(handle) if handle is not None else []
+        if self.need_detection:  # the previous chunk lost a face after this one's detection was planned
+            if not flags[0]:
+                flags[0] = True
+                boxes.insert(0, self.detector.collect(self._launch_detector(chunk[:1]))[0])
+            self.need_detection = False
+        det_iter = iter(boxes)
         t1 = time.perf_counter()
         self.seconds["detect"] += t1 - t0
 
         plan = []  # per frame: [(track, matrix, detected)]
-        for frame, is_det in zip(chunk, detect):
+        for frame, is_det in zip(chunk, flags):
             if is_det:
                 dets = next(det_iter)
                 if args.max_faces:
@@ -221,25 +255,50 @@ class VideoJob:
                            for t in self.tracker.active]
             plan.append(entries)
         wanted = [(i, m) for i, entries in enumerate(plan) for _, m, _ in entries]
-        batch = crop_frames(pixels, wanted, self.engine.device) if wanted else None
+        batch = None
+        if wanted:
+            if self.det_stream is not None:  # uploaded once (by the reader), shared by detector and crops
+                stream = torch.cuda.current_stream(self.engine.device)
+                pixels = [f.on_device(self.engine.device, stream) for f in chunk]
+            else:
+                pixels = [f.image for f in chunk]
+            batch = crop_frames(pixels, wanted, self.engine.device)
         t2 = time.perf_counter()
         self.seconds["crop"] += t2 - t1
 
-        n = len(self.names)
+        pending = _Pending(chunk, plan)
         if batch is not None:
             with self.timer.measure(len(chunk)):
                 out = self.engine(batch)
-            # Every result leaves the GPU in one copy (one wait), landmarks decoded there.
-            coords = heatmap_coords(out["heatmap"])
+            # Every result leaves the GPU in one copy (landmarks decoded there); queued, not waited for.
             results = torch.cat([out["expression"], out["valence"][:, None], out["arousal"][:, None],
-                                 coords.flatten(1)], dim=1).cpu().numpy()
-            matrices = [m for entries in plan for _, m, _ in entries]
+                                 out["landmarks"].flatten(1)], dim=1)
+            if self.det_stream is not None:
+                pending.results = torch.empty(results.shape, dtype=results.dtype, pin_memory=True)
+                pending.results.copy_(results, non_blocking=True)
+                pending.done = torch.cuda.Event()
+                pending.done.record()
+            else:
+                pending.results = results
+        self.seconds["emonet"] += time.perf_counter() - t2
+        return pending
+
+    def finish(self, pending: _Pending) -> None:
+        """Wait for a chunk's results; smooth, write and draw every frame of it."""
+        args = self.args
+        t0 = time.perf_counter()
+        n = len(self.names)
+        if pending.done is not None:
+            pending.done.synchronize()
+        if pending.results is not None:
+            results = pending.results.numpy()
+            matrices = [m for entries in pending.plan for _, m, _ in entries]
             landmarks = crop_to_image(matrices, results[:, n + 2:].reshape(len(results), -1, 2))
-        t3 = time.perf_counter()
-        self.seconds["emonet"] += t3 - t2
+        t1 = time.perf_counter()
+        self.seconds["emonet"] += t1 - t0
 
         k = 0
-        for frame, entries in zip(chunk, plan):
+        for frame, entries in zip(pending.chunk, pending.plan):
             faces = []
             for track, matrix, detected in entries:
                 raw = results[k, :n + 2]  # logits, valence, arousal
@@ -249,14 +308,15 @@ class VideoJob:
                 lm = landmarks[k]
                 track.set_landmarks(lm)
                 h, w = frame.shape[:2]
-                x1, y1, x2, y2 = track.box if detected else np.r_[lm.min(0), lm.max(0)]
+                x1, y1, x2, y2 = track.box if detected else np.concatenate((lm.min(0), lm.max(0)))
                 if not detected:
                     track.box = np.array([x1, y1, x2, y2])
                 if x2 < 0 or y2 < 0 or x1 > w or y1 > h or (x2 - x1) < 8:
                     self.need_detection = True  # the face left the frame or collapsed: look again
                 face = Face(box=np.array([x1, y1, x2, y2], dtype=np.float64), score=track.score,
                             expression=int(probs.argmax()), probabilities=probs,
-                            valence=float(np.clip(smooth[n], -1, 1)), arousal=float(np.clip(smooth[n + 1], -1, 1)),
+                            valence=min(1.0, max(-1.0, float(smooth[n]))),
+                            arousal=min(1.0, max(-1.0, float(smooth[n + 1]))),
                             landmarks=lm, matrix=matrix, raw=raw)
                 track.trail.append((face.valence, face.arousal))
                 faces.append((track, face, detected))
@@ -269,6 +329,7 @@ class VideoJob:
             frame.pixels = frame.ready = None  # drawing needs only the host copy: free the GPU one now
             self._draw_and_encode(frame, faces)
         self.rows.flush()
+        self.seconds["results"] += time.perf_counter() - t1
 
     def _draw_and_encode(self, frame: Frame, faces) -> None:
         if self._draw is None:
@@ -331,7 +392,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output and not args.no_video and Path(args.output).suffix.lower() not in (".mp4", ".avi", ".mov", ".m4v"):
         raise InputError(f"{args.output}: the annotated video needs a .mp4, .avi, .mov or .m4v name")
     reader = VideoReader(args.video, start=args.start, end=args.end, max_frames=args.max_frames,
-                         device=select_device(args.device, quiet=True))
+                         device=select_device(args.device, quiet=True),
+                         keep_host=bool(args.output and not args.no_video))  # only drawing needs it
     job = None
     interrupted = False
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -348,10 +410,19 @@ def run(args: argparse.Namespace) -> int:
         Pipeline(job.engine, job.detector).warmup(shape)
         wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
         bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True)
+        # Software-pipelined: chunk n's detection is queued, chunk n - 1's EmoNet results are read while it
+        # runs (their landmarks place chunk n's crops), then chunk n is tracked, cropped and queued.
+        pending = None
         for chunk in _chunks(reader, args.batch_size):
-            job.process(chunk)
-            bar.update(len(chunk))
-            bar.set_postfix(faces=job.faces, refresh=False)
+            flags, boxes = job.detect(chunk)
+            if pending is not None:
+                job.finish(pending)
+                bar.update(len(pending.chunk))
+                bar.set_postfix(faces=job.faces, refresh=False)
+            pending = job.launch(chunk, flags, boxes)
+        if pending is not None:
+            job.finish(pending)
+            bar.update(len(pending.chunk))
         bar.close()
     except KeyboardInterrupt:
         interrupted = True
@@ -378,8 +449,8 @@ def _summary(job: VideoJob, reader: VideoReader, wall: float, video: Optional[Pa
           f"{job.frames / max(wall, 1e-9):.1f} frames/s end to end ({wall:.2f} s)", file=err)
     per = ", ".join(f"{k} {1e3 * v / max(job.frames, 1):.2f}" for k, v in job.seconds.items())
     drawing = f" ({job.draw_threads} drawing threads: their time adds up)" if job._draw is not None else ""
-    print(f"time per frame by stage (ms; decode, draw and encode run in threads of their own beside "
-          f"detect, crop and EmoNet{drawing}): {per}", file=err)
+    print(f"time per frame by stage (ms; decode runs in a process of its own, draw and encode in threads, "
+          f"beside detect, crop, EmoNet and results{drawing}): {per}", file=err)
     if job.writer and job.writer.resized:
         print("note: the video changed frame size; frames were resized to the first frame's size", file=err)
     for path, what in ((video, "annotated video"), (job.args.csv, "CSV"), (job.args.jsonl, "JSONL")):

@@ -54,6 +54,16 @@ def test_batches_of_different_sizes_and_no_face(detector, photo):
     assert iou(results[2][0], FACE / 2) > 0.6
 
 
+def test_images_of_one_size_are_letterboxed_together_with_the_same_result(detector, photo):
+    blank = np.full((300, 500, 3), 127, np.uint8)
+    images = [photo, blank, photo[:, ::-1].copy()]  # the two photos (one size) are not neighbours
+    together = detector.detect(images)
+    alone = [detector.detect([image])[0] for image in images]
+    assert [len(r) for r in together] == [1, 0, 1]
+    for a, b in zip(together, alone):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-2)
+
+
 def test_frames_given_as_tensors_give_the_same_faces(detector, photo):
     # The video tool hands BlazeFace frames already uploaded to its device, as (H, W, 3) uint8 tensors.
     import torch

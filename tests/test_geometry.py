@@ -103,6 +103,10 @@ def test_crops_from_a_stack_of_frames_equal_crops_frame_by_frame():
     for k, (i, m) in enumerate(wanted):
         alone = warp_crops_torch(torch.from_numpy(frames[i]).permute(2, 0, 1), [m])[0]
         assert torch.equal(together[k], alone)
+    one_each = [box_to_matrix([20 + 5 * i, 10, 90, 100]) for i in range(3)]  # frame i's crop: no gather
+    in_order = warp_crops_torch(stack, one_each, frame_index=[0, 1, 2])
+    for i, m in enumerate(one_each):
+        assert torch.equal(in_order[i], warp_crops_torch(torch.from_numpy(frames[i]).permute(2, 0, 1), [m])[0])
     on_cpu = crop_frames(frames, wanted, torch.device("cpu"))  # the CPU path: OpenCV, frame by frame
     assert on_cpu.shape == (3, 3, 256, 256) and (on_cpu.int() - together.int()).abs().max() <= 1
     assert crop_frames(frames, [], torch.device("cpu")).shape == (0, 3, 256, 256)

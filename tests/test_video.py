@@ -130,16 +130,49 @@ def test_reader_frames_are_rgb_and_a_bgr_frame_converts_when_asked(clip):
     assert np.array_equal(lazy.image, bgr[..., ::-1]) and not lazy.host_is_bgr
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_on_a_gpu_frames_are_decoded_into_pinned_memory_and_uploaded_as_rgb(clip):
+def test_reader_decodes_in_a_child_process_and_leaves_nothing_behind(clip):
     from emonet.video import VideoReader
-    device = torch.device("cuda:0")
-    reader = VideoReader(str(clip), max_frames=3, device=device)
+    before = set(Path("/dev/shm").glob("emonet-frames-*")) if Path("/dev/shm").is_dir() else set()
+    reader = VideoReader(str(clip))
+    child = reader._decoder.process
+    frames = []
+    for frame in reader:  # stopped early: the child is still decoding ahead
+        frames.append(frame)
+        if len(frames) == 3:
+            break
+    reader.close()
+    assert child.poll() is not None  # ended, not left running
+    assert [f.index for f in frames] == [0, 1, 2] and 0 < reader.decode_seconds < 5
+    assert (set(Path("/dev/shm").glob("emonet-frames-*")) if Path("/dev/shm").is_dir() else set()) == before
+    cap = cv2.VideoCapture(str(clip))
+    for frame in frames:  # each frame its own copy, though the slots were reused
+        assert np.array_equal(frame.image, cap.read()[1][..., ::-1])
+
+
+def test_reader_follows_frames_that_change_size(tmp_path):
+    from emonet.video import VideoReader
+    sizes = [(48, 64), (48, 64), (120, 160), (24, 32), (48, 64)]  # larger than the first (sent through the
+    for i, (h, w) in enumerate(sizes):                             # pipe), smaller (in a slot), same again
+        cv2.imwrite(str(tmp_path / f"f{i:03d}.png"), np.full((h, w, 3), (10 * i, 100, 200), np.uint8))
+    reader = VideoReader(str(tmp_path / "f%03d.png"))
     frames = list(reader)
     reader.close()
-    cap = cv2.VideoCapture(str(clip))
-    for frame in frames:
-        ok, bgr = cap.read()
-        assert frame.host_is_bgr and np.array_equal(frame.host, bgr)
-        assert np.array_equal(frame.on_device(device).cpu().numpy(), bgr[..., ::-1])
-        assert np.array_equal(frame.image, bgr[..., ::-1])
+    assert [f.shape[:2] for f in frames] == sizes
+    assert all((f.image[0, 0] == (200, 100, 10 * i)).all() for i, f in enumerate(frames))  # RGB
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_frames_are_uploaded_as_rgb_and_a_host_copy_is_optional(clip):
+    from emonet.video import VideoReader
+    device = torch.device("cuda:0")
+    for keep_host in (True, False):
+        reader = VideoReader(str(clip), max_frames=3, device=device, keep_host=keep_host)
+        frames = list(reader)
+        reader.close()
+        cap = cv2.VideoCapture(str(clip))
+        assert len(frames) == 3
+        for frame in frames:
+            ok, bgr = cap.read()
+            assert (frame.host is not None) == keep_host and frame.shape == bgr.shape
+            assert np.array_equal(frame.on_device(device).cpu().numpy(), bgr[..., ::-1])
+            assert np.array_equal(frame.image, bgr[..., ::-1])  # without a host copy: fetched back

@@ -123,28 +123,26 @@ def main(spec: dict) -> int:
                     return 0
                 free.append(int(line))
             slot = free.popleft()
-            if pending is not None:  # the first frame, read before the slots existed (it sized them)
-                np.copyto(view(slot, pending.shape), pending)
-                pending = None
-                say(f"F {slot} {h} {w} {seconds:.6f}")
-                produced += 1
+            # Decoded straight into the slot while frames fit it; otherwise (the first frame, read before
+            # the slots existed, or a frame larger than a slot) where OpenCV puts it, then copied or piped.
+            target = view(slot, (h, w, 3)) if h * w * 3 <= slot_bytes and pending is None else None
+            if pending is not None:
+                frame, pending = pending, None
+            else:
+                t0 = time.perf_counter()
+                ok, frame = capture.read(target) if target is not None else capture.read()
+                seconds = time.perf_counter() - t0
+                if not ok:
+                    break
+            h, w = frame.shape[:2]
+            produced += 1
+            if frame.nbytes > slot_bytes:  # the video grew: this frame goes through the pipe
+                say(f"B {h} {w} {seconds:.6f}", frame.tobytes())
+                free.appendleft(slot)
                 continue
-            target = view(slot, (h, w, 3))
-            t0 = time.perf_counter()
-            ok, frame = capture.read(target)
-            seconds = time.perf_counter() - t0
-            if not ok:
-                break
-            if frame.ctypes.data != target.ctypes.data:  # a new frame size: OpenCV decoded elsewhere
-                h, w = frame.shape[:2]
-                if frame.nbytes > slot_bytes:
-                    say(f"B {h} {w} {seconds:.6f}", frame.tobytes())
-                    free.appendleft(slot)
-                    produced += 1
-                    continue
+            if target is None or frame.ctypes.data != target.ctypes.data:
                 np.copyto(view(slot, frame.shape), frame)
             say(f"F {slot} {h} {w} {seconds:.6f}")
-            produced += 1
         say("D")
         while inp.readline():  # the slot file stays named until the parent has mapped it: wait for its end
             pass

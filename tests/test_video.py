@@ -151,8 +151,9 @@ def test_reader_decodes_in_a_child_process_and_leaves_nothing_behind(clip):
 
 def test_reader_follows_frames_that_change_size(tmp_path):
     from emonet.video import VideoReader
-    sizes = [(48, 64), (48, 64), (120, 160), (24, 32), (48, 64)]  # larger than the first (sent through the
-    for i, (h, w) in enumerate(sizes):                             # pipe), smaller (in a slot), same again
+    # Larger than the first (sent through the pipe, twice in a row), smaller (in a slot), the first again.
+    sizes = [(48, 64), (48, 64), (120, 160), (120, 160), (24, 32), (48, 64)]
+    for i, (h, w) in enumerate(sizes):
         cv2.imwrite(str(tmp_path / f"f{i:03d}.png"), np.full((h, w, 3), (10 * i, 100, 200), np.uint8))
     reader = VideoReader(str(tmp_path / "f%03d.png"))
     frames = list(reader)

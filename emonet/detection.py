@@ -175,9 +175,12 @@ class BlazeFaceDetector(FaceDetector):
             x = x.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
             x = torch.nn.functional.interpolate(x, size=(nh, nw), mode="bilinear", antialias=True,
                                                 align_corners=False)
-            contiguous = members == list(range(members[0], members[-1] + 1))
-            rows = slice(members[0], members[-1] + 1) if contiguous else torch.tensor(members, device=self.device)
-            batch[rows, :, py:py + nh, px:px + nw] = x / 127.5 - 1.0
+            x = x / 127.5 - 1.0
+            if members == list(range(members[0], members[-1] + 1)):
+                batch[members[0]:members[-1] + 1, :, py:py + nh, px:px + nw] = x
+            else:  # interleaved sizes (rare): row by row, no index upload that would stall the host
+                for k, i in enumerate(members):
+                    batch[i, :, py:py + nh, px:px + nw] = x[k]
             for i in members:
                 params[i] = (scale, px, py)
         return batch, params

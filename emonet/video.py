@@ -36,11 +36,10 @@ class Frame:
 
     index: int
     timestamp: float
-    host: Optional[np.ndarray]                    # (H, W, 3) uint8 in host memory: RGB, or BGR if host_is_bgr;
-                                                  # None when the reader kept only the GPU copy
+    host: Optional[np.ndarray]                    # (H, W, 3) uint8 RGB in host memory; None when the
+                                                  # reader kept only the GPU copy
     pixels: Optional[torch.Tensor] = None         # (H, W, 3) uint8 RGB on the GPU, uploaded by the reader
     ready: Optional["torch.cuda.Event"] = None    # recorded when that upload has finished
-    host_is_bgr: bool = False                     # as OpenCV decodes it: converted only if someone asks
 
     @property
     def shape(self) -> tuple:
@@ -49,12 +48,10 @@ class Frame:
 
     @property
     def image(self) -> np.ndarray:
-        """The RGB pixels in host memory (converted from BGR, or copied back from the GPU, on first use)."""
+        """The RGB pixels in host memory (copied back from the GPU on first use if the reader kept none)."""
         if self.host is None:
             self.ready.synchronize()
             self.host = self.pixels.cpu().numpy()
-        elif self.host_is_bgr:
-            self.host, self.host_is_bgr = cv2.cvtColor(self.host, cv2.COLOR_BGR2RGB), False
         return self.host
 
     def on_device(self, device: torch.device, stream: Optional["torch.cuda.Stream"] = None) -> torch.Tensor:

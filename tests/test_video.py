@@ -118,16 +118,13 @@ def test_unwritable_output_and_wrong_extension(clip, tmp_path):
     assert out.returncode == 2 and ".mp4" in out.stderr
 
 
-def test_reader_frames_are_rgb_and_a_bgr_frame_converts_when_asked(clip):
-    from emonet.video import Frame, VideoReader
+def test_reader_frames_are_rgb(clip):
+    from emonet.video import VideoReader
     ok, bgr = cv2.VideoCapture(str(clip)).read()
     reader = VideoReader(str(clip), max_frames=1)
     (frame,) = list(reader)
     reader.close()
-    assert np.array_equal(frame.image, bgr[..., ::-1])
-    lazy = Frame(0, 0.0, host=bgr.copy(), host_is_bgr=True)
-    assert lazy.shape == bgr.shape
-    assert np.array_equal(lazy.image, bgr[..., ::-1]) and not lazy.host_is_bgr
+    assert np.array_equal(frame.image, bgr[..., ::-1]) and frame.shape == bgr.shape
 
 
 def test_reader_decodes_in_a_child_process_and_leaves_nothing_behind(clip):

@@ -120,8 +120,33 @@ def model_input(model: EmoNet, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _whole(model: EmoNet, x: torch.Tensor) -> Dict[str, torch.Tensor]:
-    return model(model_input(model, x))
+def _heat_part(heat: torch.Tensor) -> torch.Tensor:
+    """The heatmaps (float32, flattened) and the landmarks decoded from them: the front of the packed output."""
+    return torch.cat([heat.flatten(1).float(), heatmap_coords(heat).flatten(1)], dim=1)
+
+
+def _pack(heat_part: torch.Tensor, out: Dict[str, torch.Tensor]) -> torch.Tensor:
+    """Every output in one float32 ``(N, K)`` buffer (layout: :func:`split_outputs`), so results leave in one copy."""
+    return torch.cat([heat_part, out["expression"].float(), out["valence"].float()[:, None],
+                      out["arousal"].float()[:, None]], dim=1)
+
+
+def split_outputs(flat: torch.Tensor, n_expression: int) -> Dict[str, torch.Tensor]:
+    """The output dict as views of a packed ``(N, 68*64*64 + 68*2 + n_expression + 2)`` buffer."""
+    n, k, points = flat.shape[0], n_expression, 68 * 2
+    return {"heatmap": flat[:, :-(k + 2 + points)].view(n, -1, 64, 64),
+            "landmarks": flat[:, -(k + 2 + points):-(k + 2)].view(n, -1, 2),
+            "expression": flat[:, -(k + 2):-2], "valence": flat[:, -2], "arousal": flat[:, -1]}
+
+
+def _whole_from_dict(out: Dict[str, torch.Tensor]) -> torch.Tensor:
+    return _pack(_heat_part(out["heatmap"]), out)
+
+
+def _whole(model: EmoNet, x: torch.Tensor) -> torch.Tensor:
+    # Decoding and packing inside the compiled code: Inductor writes each result straight into the
+    # packed buffer, and the landmark decoding is a few fused kernels instead of some forty.
+    return _whole_from_dict(model(model_input(model, x)))
 
 
 def _stem(model: EmoNet, x: torch.Tensor) -> torch.Tensor:
@@ -154,7 +179,9 @@ class StreamedForward:
     At small batches the hourglass's lower levels (32x32 down to 4x4) keep few of the GPU's SMs busy,
     and the skip branches do not depend on them, so they run alongside. Captured in a CUDA graph, the
     streams become parallel branches of the graph. ``wrap`` compiles each piece (the stem, a block, a
-    stack's tail, the head); without CUDA it runs the pieces in order and equals ``model.forward``.
+    stack's tail, the head); without CUDA it runs the pieces in order. The last heatmaps are decoded
+    into landmarks on a side stream while the emotion head runs. Returns the packed outputs
+    (:func:`split_outputs`).
     """
 
     def __init__(self, model: EmoNet, device: torch.device, wrap=lambda fn, name, mark=None: fn) -> None:
@@ -165,6 +192,7 @@ class StreamedForward:
         self.stem, self.stack_tail, self.head = wrap(_stem, "stem"), wrap(_stack_tail, "tail"), wrap(_head, "head")
         self.block, self.pool_block = wrap(_block, "block"), wrap(_pool_block, "pool_block")
         self.block_merge = wrap(_block_merge, "block_merge")
+        self.heat_part, self.pack = wrap(_heat_part, "heat_part"), wrap(_pack, "pack")
 
     def _level(self, hg: nn.Module, level: int, inp: torch.Tensor) -> torch.Tensor:
         skip = hg._modules[f"b1_{level}"]
@@ -188,7 +216,7 @@ class StreamedForward:
             main.wait_stream(side)
         return self.block_merge(hg._modules[f"b3_{level}"], low2, up1)
 
-    def __call__(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
         model = self.model
         x = self.stem(model, x)
         previous, features, heat = x, [], x
@@ -196,7 +224,18 @@ class StreamedForward:
             hg = self._level(model._modules[f"m{i}"], self.depth, previous)
             ll, heat, previous = self.stack_tail(model, i, hg, previous)
             features.append(ll)
-        return self.head(model, x, features, heat)
+        if self.streams is None:
+            return self.pack(self.heat_part(heat), self.head(model, x, features, heat))
+        # The landmark decoding needs only the heatmaps: off the critical path, beside the head.
+        side, main = self.streams[0], torch.cuda.current_stream(heat.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            heat_part = self.heat_part(heat)
+        heat.record_stream(side)
+        heat_part.record_stream(main)
+        out = self.head(model, x, features, heat)
+        main.wait_stream(side)
+        return self.pack(heat_part, out)
 
 
 class Engine:
@@ -232,7 +271,8 @@ class Engine:
             return pieces[-1]
 
         if self.config.compile == "aot":
-            self._forward = self._aot_package(net)
+            package = self._aot_package(net)
+            self._forward = lambda x: _whole_from_dict(package(x))
         else:
             whole = wrap(_whole, "model", self._mark_batch)
             self._forward = lambda x: whole(net, x)
@@ -289,6 +329,13 @@ class Engine:
         os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
         import torch._inductor.config as inductor_config
         inductor_config.freezing = self.config.freeze
+        if self.device.type == "cuda":
+            # A concatenation lowered as a kernel of its own gets a plain NCHW buffer whose producers
+            # write straight into it: the head's concatenation then made the stem's output, and every
+            # kernel reading it, NCHW, all transposing channels_last data (H100, batch 256: 6,728 ->
+            # 6,923 crops/s with this off -> on; docs/PERFORMANCE.md). As a pointwise kernel its
+            # layout follows its consumer, the convolution: channels_last.
+            inductor_config.force_pointwise_cat = True
         mode = "max-autotune-no-cudagraphs" if self.config.compile == "max-autotune" else "default"
         # dynamic=False: a new batch size gets its own specialised graph unless marked dynamic (dynamo
         # keeps up to 8 graphs per function, more than the batch sizes the tools use).
@@ -348,16 +395,15 @@ class Engine:
             return x  # the compiled code scales it (emonet.engine.model_input)
         return model_input(self.model, x)
 
-    def _call_model(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def _call_model(self, x: torch.Tensor) -> torch.Tensor:
+        """The packed outputs (:func:`split_outputs`) of the model on prepared input."""
         if self._streamed is not None and x.shape[0] <= self.config.streams:
             return self._streamed(x)
         return self._forward(x)
 
     def _run_eager(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
         with torch.inference_mode():
-            out = self._call_model(self._prepare(crops))
-        return {**{k: out[k].float() for k in OUTPUT_KEYS if k != "landmarks"},
-                "landmarks": heatmap_coords(out["heatmap"])}
+            return self._split(self._call_model(self._prepare(crops)))
 
     def _capture(self, batch: int, dtype_in: torch.dtype) -> tuple:
         static_in = torch.zeros(batch, 3, 256, 256, device=self.device, dtype=dtype_in)
@@ -371,20 +417,11 @@ class Engine:
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream), torch.inference_mode():
-            out = self._call_model(self._prepare(static_in))
-            # All outputs in one float32 buffer, so a replay's results leave the graph in one copy; the
-            # landmarks are decoded inside the graph too (some forty small kernels, no launch cost).
-            static_out = torch.cat([out["heatmap"].flatten(1).float(), heatmap_coords(out["heatmap"]).flatten(1),
-                                    out["expression"].float(), out["valence"].float()[:, None],
-                                    out["arousal"].float()[:, None]], dim=1)
+            static_out = self._call_model(self._prepare(static_in))
         return graph, static_in, static_out
 
     def _split(self, flat: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """The output dict as views of one ``(N, 68*64*64 + 68*2 + n_expression + 2)`` buffer."""
-        n, k, points = flat.shape[0], self.n_expression, 68 * 2
-        return {"heatmap": flat[:, :-(k + 2 + points)].view(n, -1, 64, 64),
-                "landmarks": flat[:, -(k + 2 + points):-(k + 2)].view(n, -1, 2),
-                "expression": flat[:, -(k + 2):-2], "valence": flat[:, -2], "arousal": flat[:, -1]}
+        return split_outputs(flat, self.n_expression)
 
     def _run_fixed(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
         """Pad to the next configured batch size: graphs and compiled code are specialised to shapes."""

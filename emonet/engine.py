@@ -1,9 +1,10 @@
 """The inference engine: EmoNet as fast as the device allows, one object the tools share.
 
-Fast modes, each a switch: reduced precision (fp16/bf16/tf32), channels_last, exact BatchNorm folding
-(only the two places where a BN directly follows a convolution: stem ``conv1``->``bn1`` and
-``conv_last{i}``->``bn_end{i}``; every other BN precedes its ReLU and convolution and cannot be folded
-exactly), ``torch.compile`` with its caches on disk, and CUDA graphs for fixed batch sizes (a smaller
+Fast modes, each a switch: reduced precision (fp16/bf16/tf32), channels_last, exact folding (BatchNorm
+where a BN directly follows a convolution: stem ``conv1``->``bn1`` and ``conv_last{i}``->``bn_end{i}``;
+every other BN precedes its ReLU and convolution and cannot be folded exactly; and the 1x1 convolutions
+after each hourglass composed with the head's input convolution, :func:`fold_stack_tails`),
+``torch.compile`` with its caches on disk, and CUDA graphs for fixed batch sizes (a smaller
 batch is padded up to the next captured size). A warm-up at load time pays cuDNN autotuning,
 compilation and graph capture before the first real frame, and its cost is reported on its own.
 """
@@ -35,7 +36,7 @@ class EngineConfig:
 
     precision: str = "fp32"                 # fp32 | tf32 | fp16 | bf16
     channels_last: bool = False
-    fold_bn: bool = False
+    fold_bn: bool = False                   # exact folding: BNs into convolutions, 1x1 convolutions composed
     compile: Optional[str] = None           # None | "default" | "max-autotune" | "aot" (AOTInductor package)
     freeze: bool = False                    # inductor freezing: constant-folds weights, but bypasses the on-disk graph cache
     cuda_graphs: bool = False
@@ -75,6 +76,21 @@ PRESETS: Dict[str, EngineConfig] = {
 }
 
 
+def compile_options(config: EngineConfig, device: torch.device) -> Dict[str, object]:
+    """Inductor settings for this engine's ``torch.compile`` calls, passed per call (never set globally)."""
+    import torch._inductor
+    mode = "max-autotune-no-cudagraphs" if config.compile == "max-autotune" else "default"
+    options: Dict[str, object] = {**torch._inductor.list_mode_options(mode), "freezing": config.freeze}
+    if torch.device(device).type == "cuda":
+        # A concatenation lowered as a kernel of its own gets a plain NCHW buffer whose producers
+        # write straight into it: the head's concatenation then made the stem's output, and every
+        # kernel reading it, NCHW, all transposing channels_last data (H100, batch 256: 6,728 ->
+        # 6,923 crops/s with this off -> on; docs/PERFORMANCE.md). As a pointwise kernel its
+        # layout follows its consumer, the convolution: channels_last.
+        options["force_pointwise_cat"] = True
+    return options
+
+
 def _fold(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
     """A convolution equal to ``bn(conv(x))`` with BN in inference mode."""
     fused = copy.deepcopy(conv)
@@ -93,6 +109,58 @@ def fold_batchnorm(model: EmoNet) -> EmoNet:
     for conv_name, bn_name in pairs:
         setattr(model, conv_name, _fold(getattr(model, conv_name), getattr(model, bn_name)))
         setattr(model, bn_name, nn.Identity())
+    return model
+
+
+def _conv1x1(weight: torch.Tensor, bias: torch.Tensor, like: nn.Conv2d) -> nn.Conv2d:
+    conv = nn.Conv2d(weight.shape[1], weight.shape[0], kernel_size=1).to(like.weight.device)
+    conv.weight.copy_(weight[:, :, None, None].to(like.weight.dtype))
+    conv.bias.copy_(bias.to(like.weight.dtype))
+    return conv
+
+
+@torch.no_grad()
+def fold_stack_tails(model: EmoNet) -> EmoNet:
+    """A copy of ``model`` whose 1x1 convolutions after each hourglass and at the head's input are composed.
+
+    After stack ``i`` the network computes ``r`` and from it, with 1x1 convolutions ``B`` (bl), ``L`` (l)
+    and ``A`` (al): the feature ``B r`` for the head and ``previous + B r + A L r`` for the next stack;
+    the 68-channel heatmap ``L r`` has no other use there. The head's input convolution ``W`` reads the
+    concatenation ``[x, m * f_0, ..., m * f_3]`` (``m``, the attention mask, is per pixel), which equals
+    ``W_x x + m * sum_i W_i f_i``. All of it is linear, so each stack runs one convolution whose outputs
+    are ``[W_i B_i; B_i + A_i L_i]`` (the last stack: ``[W_3; L_3]``), composed in float64, and the head
+    adds the terms. The 1,280-channel concatenation (2.7 GB at batch 256) and the 68-channel tensors,
+    which no kernel reads or writes at full speed, are gone; ``r`` is read once.
+    """
+    model = copy.deepcopy(model).eval()
+    head = model.conv1x1_input_emo_2
+    w_head = head.weight.double()[:, :, 0, 0]
+    n = model.conv_last0.out_channels
+    w_stack = [w_head[:, n * (i + 1):n * (i + 2)] for i in range(model.n_stacks)]
+    last = model.n_stacks - 1
+    for i in range(model.n_stacks):
+        w_l, b_l = model._modules[f"l{i}"].weight.double()[:, :, 0, 0], model._modules[f"l{i}"].bias.double()
+        like = model._modules[f"l{i}"]
+        if i < last:
+            bl, al = model._modules[f"bl{i}"], model._modules[f"al{i}"]
+            w_b, b_b = bl.weight.double()[:, :, 0, 0], bl.bias.double()
+            w_a, b_a = al.weight.double()[:, :, 0, 0], al.bias.double()
+            weight = torch.cat([w_stack[i] @ w_b, w_b + w_a @ w_l])
+            bias = torch.cat([w_stack[i] @ b_b, b_b + w_a @ b_l + b_a])
+        else:
+            w_f, b_f = w_stack[i], torch.zeros(w_stack[i].shape[0], dtype=torch.float64)
+            if not model.attention:  # the heatmap is one more input of the head's convolution
+                w_heat = w_head[:, n * (i + 2):]
+                w_f, b_f = w_f + w_heat @ w_l, w_heat @ b_l
+            pad = -(w_f.shape[0] + w_l.shape[0]) % 8  # output channels a multiple of 8: aligned kernels
+            weight = torch.cat([w_f, w_l, w_l.new_zeros(pad, w_l.shape[1])])
+            bias = torch.cat([b_f, b_l, b_l.new_zeros(pad)])
+        model.add_module(f"tail{i}", _conv1x1(weight, bias, like))
+        for name in ("bl", "l", "al"):
+            if name in model._modules:
+                model._modules[f"{name}{i}"] = None  # unused now; their weights live in tail{i}
+    model.add_module("head_x", _conv1x1(w_head[:, :n], head.bias.double(), head))
+    model.conv1x1_input_emo_2 = None
     return model
 
 
@@ -257,7 +325,7 @@ class Engine:
         self._log = log or (lambda msg: print(msg, file=sys.stderr))
         self._dtype = RuntimeConfig(precision=self.config.precision).dtype
 
-        net = fold_batchnorm(model) if self.config.fold_bn else copy.deepcopy(model).eval()
+        net = fold_stack_tails(fold_batchnorm(model)) if self.config.fold_bn else copy.deepcopy(model).eval()
         net = net.to(self.device, self._dtype)
         if self.config.channels_last:
             net = net.to(memory_format=torch.channels_last)
@@ -327,16 +395,7 @@ class Engine:
         os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
         os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
         os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
-        import torch._inductor.config as inductor_config
-        inductor_config.freezing = self.config.freeze
-        if self.device.type == "cuda":
-            # A concatenation lowered as a kernel of its own gets a plain NCHW buffer whose producers
-            # write straight into it: the head's concatenation then made the stem's output, and every
-            # kernel reading it, NCHW, all transposing channels_last data (H100, batch 256: 6,728 ->
-            # 6,923 crops/s with this off -> on; docs/PERFORMANCE.md). As a pointwise kernel its
-            # layout follows its consumer, the convolution: channels_last.
-            inductor_config.force_pointwise_cat = True
-        mode = "max-autotune-no-cudagraphs" if self.config.compile == "max-autotune" else "default"
+        options = compile_options(self.config, self.device)
         # dynamic=False: a new batch size gets its own specialised graph unless marked dynamic (dynamo
         # keeps up to 8 graphs per function, more than the batch sizes the tools use).
         if self.config.streams:
@@ -349,9 +408,10 @@ class Engine:
             sources = [Path(__file__).read_bytes(), Path(sys.modules[EmoNet.__module__].__file__).read_bytes()]
             device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
             c = self.config
-            code = (c.precision, c.channels_last, c.fold_bn, c.compile, c.freeze)  # not the batch sizes
+            # Not the batch sizes: the compiled functions are specialised to those as they are called.
+            code = (c.precision, c.channels_last, c.fold_bn, c.compile, c.freeze, sorted(options.items()))
             folder = cache / "precompiled" / precompile.code_digest(device_name, code, *sources)
-        return precompile.compiler(folder, self._log, mode=mode, dynamic=False)
+        return precompile.compiler(folder, self._log, options=options, dynamic=False)
 
     def _aot_package(self, net: nn.Module):
         """Load (building it once) an AOTInductor package of ``net``: compiled code with no tracing at start.

@@ -5,7 +5,8 @@ import torch
 import emonet
 from emonet.bench import real_face_crops
 from emonet.geometry import decode_heatmaps
-from emonet.engine import Engine, EngineConfig, StreamedForward, compare, fold_batchnorm, split_outputs
+from emonet.engine import (Engine, EngineConfig, StreamedForward, compare, compile_options, fold_batchnorm,
+                           fold_stack_tails, split_outputs)
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +28,24 @@ def test_batchnorm_folding_is_exact(reference_model, crops):
         a, b = reference_model(x), folded(x)
     for key in a:
         assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-4), key
+
+
+@pytest.mark.parametrize("attention", [True, False])
+def test_folding_the_stack_tails_and_head_input_is_exact(reference_model, crops, attention):
+    if attention:
+        model = reference_model
+    else:  # the head then reads the heatmap as more input channels instead of as a mask
+        torch.manual_seed(0)
+        model = emonet.EmoNet(n_expression=5, attention=False).eval()
+    folded = fold_stack_tails(model)
+    assert model.conv1x1_input_emo_2 is not None and folded.conv1x1_input_emo_2 is None  # a copy
+    assert all(m.weight.shape[0] % 8 == 0 for name, m in folded.named_children() if name.startswith("tail"))
+    x = crops.float() / 255
+    with torch.no_grad():
+        a, b = model(x), folded(x)
+    for key in a:
+        assert a[key].shape == b[key].shape, key
+        assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-5), key
 
 
 def test_eager_fp32_engine_equals_the_model(reference_model, crops):
@@ -113,3 +132,18 @@ def test_aot_mode_is_refused_on_cuda_where_it_crashed(reference_model, monkeypat
     # The refusal comes before anything touches the GPU, so this runs on a machine without one.
     with pytest.raises(ValueError, match="compile='aot' is disabled on CUDA"):
         Engine(reference_model, "cuda:0", EngineConfig(compile="aot"))
+
+
+def test_compile_settings_are_passed_per_call_and_never_set_globally(reference_model, tmp_path, monkeypatch):
+    import torch._inductor.config as inductor_config
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # the engine only sets these when unset
+        monkeypatch.setenv(var, str(tmp_path / var))
+    gpu = compile_options(EngineConfig(compile="default"), torch.device("cuda"))
+    assert gpu == {"freezing": False, "force_pointwise_cat": True}
+    tuned = compile_options(EngineConfig(compile="max-autotune", freeze=True), torch.device("cpu"))
+    assert tuned["max_autotune"] is True and tuned["freezing"] is True and "force_pointwise_cat" not in tuned
+
+    before = (inductor_config.freezing, inductor_config.max_autotune)
+    Engine(reference_model, "cpu", EngineConfig(compile="max-autotune", freeze=True, warmup=False,
+                                                cache_dir=str(tmp_path)))  # compiles lazily, on first call
+    assert (inductor_config.freezing, inductor_config.max_autotune) == before  # another compile is unaffected

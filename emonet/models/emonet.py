@@ -144,6 +144,17 @@ class EmoNet(nn.Module):
         """After stack ``i``'s hourglass: its features, its heatmap and the next stack's input."""
         ll = self._modules[f"top_m_{i}"](hg)
         ll = F.relu(self._modules[f"bn_end{i}"](self._modules[f"conv_last{i}"](ll)))
+        folded = self._modules.get(f"tail{i}")
+        if folded is not None:
+            # This stack's 1x1 convolutions, and its share of the head's input convolution, folded into
+            # one (emonet.engine.fold_stack_tails). Its first channels are the head's term for this
+            # stack; then, before the last stack, bl(.) + al(l(.)) (that heatmap has no other use), and
+            # in the last stack the heatmap.
+            out = folded(ll)
+            n = ll.shape[1]
+            if i < self.n_stacks - 1:
+                return out[:, :n], None, previous + out[:, n:]
+            return out[:, :n], out[:, n:n + N_LANDMARKS], previous
         heat = self._modules[f"l{i}"](ll)
         if i < self.n_stacks - 1:
             ll = self._modules[f"bl{i}"](ll)
@@ -152,13 +163,19 @@ class EmoNet(nn.Module):
 
     def head(self, x: torch.Tensor, features: list, heat: torch.Tensor) -> Dict[str, torch.Tensor]:
         """The emotion head on the stem's and stacks' features; returns the output dict."""
-        if self.attention:
+        folded = self._modules.get("head_x")
+        if folded is not None:
+            # The input convolution distributed over its concatenation (emonet.engine.fold_stack_tails):
+            # each stack's term arrives ready in ``features``; the attention mask is per pixel.
+            terms = sum(features[1:], features[0])
+            emo = folded(x) + (terms * heat.sum(dim=1, keepdim=True) if self.attention else terms)
+        elif self.attention:
             mask = heat.sum(dim=1, keepdim=True)
-            feat = torch.cat((x, torch.cat(features, dim=1) * mask), dim=1)
+            emo = self.conv1x1_input_emo_2(torch.cat((x, torch.cat(features, dim=1) * mask), dim=1))
         else:
-            feat = torch.cat((x, *features, heat), dim=1)
+            emo = self.conv1x1_input_emo_2(torch.cat((x, *features, heat), dim=1))
 
-        emo = self.emo_net_2(self.conv1x1_input_emo_2(feat))
+        emo = self.emo_net_2(emo)
         emo = F.adaptive_avg_pool2d(emo, 1).flatten(1)
         out = self.emo_fc_2(emo)
         n = self.n_expression

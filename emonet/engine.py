@@ -148,7 +148,7 @@ def fold_stack_tails(model: EmoNet) -> EmoNet:
             weight = torch.cat([w_stack[i] @ w_b, w_b + w_a @ w_l])
             bias = torch.cat([w_stack[i] @ b_b, b_b + w_a @ b_l + b_a])
         else:
-            w_f, b_f = w_stack[i], torch.zeros(w_stack[i].shape[0], dtype=torch.float64)
+            w_f, b_f = w_stack[i], w_l.new_zeros(w_stack[i].shape[0])
             if not model.attention:  # the heatmap is one more input of the head's convolution
                 w_heat = w_head[:, n * (i + 2):]
                 w_f, b_f = w_f + w_heat @ w_l, w_heat @ b_l
@@ -161,6 +161,26 @@ def fold_stack_tails(model: EmoNet) -> EmoNet:
                 model._modules[f"{name}{i}"] = None  # unused now; their weights live in tail{i}
     model.add_module("head_x", _conv1x1(w_head[:, :n], head.bias.double(), head))
     model.conv1x1_input_emo_2 = None
+    return model
+
+
+@torch.no_grad()
+def pad_stem_input(model: EmoNet) -> EmoNet:
+    """A copy of ``model`` whose first convolution takes a fourth, all-zero input channel (exact).
+
+    cuDNN's kernels for the 7x7 stem convolution read NHWC input in groups of four channels: given three,
+    it first copies the input into a padded buffer with a kernel of its own. :func:`model_input` writes
+    the fourth channel while it converts the crops, so that copy disappears.
+    """
+    model = copy.deepcopy(model)
+    conv = model.conv1
+    padded = nn.Conv2d(4, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+                       bias=conv.bias is not None).to(conv.weight.device, conv.weight.dtype)
+    padded.weight.zero_()
+    padded.weight[:, :3].copy_(conv.weight)
+    if conv.bias is not None:
+        padded.bias.copy_(conv.bias)
+    model.conv1 = padded
     return model
 
 
@@ -183,6 +203,8 @@ def model_input(model: EmoNet, x: torch.Tensor) -> torch.Tensor:
     if x.dtype == torch.uint8:
         x = x.float().div(255.0)
     x = x.to(weight.dtype)
+    if weight.shape[1] > x.shape[1]:  # pad_stem_input: zero channels up to what the convolution takes
+        x = F.pad(x, (0, 0, 0, 0, 0, weight.shape[1] - x.shape[1]))
     if not weight.is_contiguous():  # a channels_last model
         x = x.contiguous(memory_format=torch.channels_last)
     return x
@@ -326,6 +348,8 @@ class Engine:
         self._dtype = RuntimeConfig(precision=self.config.precision).dtype
 
         net = fold_stack_tails(fold_batchnorm(model)) if self.config.fold_bn else copy.deepcopy(model).eval()
+        if self.device.type == "cuda" and self.config.channels_last:
+            net = pad_stem_input(net)
         net = net.to(self.device, self._dtype)
         if self.config.channels_last:
             net = net.to(memory_format=torch.channels_last)

@@ -1,3 +1,5 @@
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -6,7 +8,7 @@ import emonet
 from emonet.bench import real_face_crops
 from emonet.geometry import decode_heatmaps
 from emonet.engine import (Engine, EngineConfig, StreamedForward, compare, compile_options, fold_batchnorm,
-                           fold_stack_tails, split_outputs)
+                           fold_stack_tails, model_input, pad_stem_input, split_outputs)
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +47,19 @@ def test_folding_the_stack_tails_and_head_input_is_exact(reference_model, crops,
         a, b = model(x), folded(x)
     for key in a:
         assert a[key].shape == b[key].shape, key
+        assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-5), key
+    on_meta = fold_stack_tails(copy.deepcopy(model).to("meta"))  # the engine folds models on the GPU too
+    assert on_meta.tail0.weight.device.type == "meta" and on_meta.head_x.bias.device.type == "meta"
+
+
+def test_padding_the_stem_input_to_four_channels_is_exact(reference_model, crops):
+    padded = pad_stem_input(reference_model).to(memory_format=torch.channels_last)
+    assert reference_model.conv1.in_channels == 3 and padded.conv1.in_channels == 4  # a copy
+    x = model_input(padded, crops)
+    assert x.shape[1] == 4 and not x[:, 3].any() and x.is_contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        a, b = reference_model(crops.float() / 255), padded(x)
+    for key in a:
         assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-5), key
 
 

@@ -1,14 +1,14 @@
-"""A/B (seventh session): the compiled engine with and without ``emonet.engine.fold_stack_tails``.
+"""A/B (seventh session): the compiled engine with and without one of its exact model transforms.
 
-(The 1x1 convolutions after each hourglass and the head's input convolution composed; the first
-version of this run folded only the stack tails, ``docs/bench/h100-tailfold.txt`` has both.)
-
-    python docs/bench/stack_tail_fold_ab.py
+    python docs/bench/engine_transform_ab.py fold_stack_tails   # 1x1 convolutions composed
+    python docs/bench/engine_transform_ab.py pad_stem_input     # a fourth, zero input channel
 
 Builds four engines in one process: the whole-model graph at batch 256 (``compile-graph``) and the
-streamed graph at batch 1 (``compile-streams-graph``, the photo tool's), each with the stack tails'
-1x1 convolutions folded ("on") and as before ("off"). Then measures them interleaved, twice, so drift of
-the machine shows, and checks each against fp32 eager on 32 real face crops.
+streamed graph at batch 1 (``compile-streams-graph``, the photo tool's), each with the transform ("on")
+and with it replaced by the identity ("off"); every other transform stays as the engine has it. Then
+measures them interleaved, twice, so drift of the machine shows, and checks each against fp32 eager on
+32 real face crops. (The first runs, ``docs/bench/h100-tailfold.txt``, were made before
+``pad_stem_input`` existed, as ``docs/bench/stack_tail_fold_ab.py``: this script with ``fold_stack_tails``.)
 """
 import sys
 from pathlib import Path
@@ -23,20 +23,21 @@ from emonet.engine import Engine, EngineConfig, compare  # noqa: E402
 from emonet.runtime import RuntimeConfig, configure  # noqa: E402
 from emonet.timing import LatencyTimer  # noqa: E402
 
+name = sys.argv[1] if len(sys.argv) > 1 else "fold_stack_tails"
 dev = configure(RuntimeConfig(device="cuda", cudnn_benchmark=True))
 net = load_model("random", device="cpu")
-folding = engine_module.fold_stack_tails
+transform = getattr(engine_module, name)
 engines = {}
 for fold in ("off", "on"):
-    engine_module.fold_stack_tails = folding if fold == "on" else (lambda m: m)
+    setattr(engine_module, name, transform if fold == "on" else (lambda m: m))
     for batch, streams in ((256, 0), (1, 8)):
         torch._dynamo.reset()
         config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="default",
                               streams=streams, cuda_graphs=True, batch_sizes=(batch,), precompile=False,
-                              cache_dir=f"/tmp/tailfold-{fold}")
+                              cache_dir=f"/tmp/{name}-{fold}")
         engines[(fold, batch)] = Engine(net, dev, config, log=lambda m: None)
         print(f"built {fold} batch {batch}: warm-up {engines[(fold, batch)].warmup_ms / 1e3:.1f} s", flush=True)
-engine_module.fold_stack_tails = folding
+setattr(engine_module, name, transform)
 
 crops = {b: real_face_crops(b).to(dev) for b in (1, 256)}
 for rep in range(2):
@@ -50,8 +51,8 @@ for rep in range(2):
                 with timer.measure(batch):
                     engine(x)
             s = timer.summary()
-            print(f"round {rep + 1} batch {batch:>3} fold {fold:3s}: {s.median_ms:7.3f} ms median, "
+            print(f"round {rep + 1} batch {batch:>3} {name} {fold:3s}: {s.median_ms:7.3f} ms median, "
                   f"{s.p90_ms:7.3f} p90, {s.throughput:8.1f} crops/s", flush=True)
 reference = net.to(dev)
 for (fold, batch), engine in engines.items():
-    print(f"fold {fold} batch {batch}: {compare(engine, reference, real_face_crops(32).to(dev)).format()}")
+    print(f"{name} {fold} batch {batch}: {compare(engine, reference, real_face_crops(32).to(dev)).format()}")

@@ -508,8 +508,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="few iterations and small batches (CPU: < 1 min)")
     parser.add_argument("--no-warm-rerun", action="store_true",
                         help="skip the second, warm-cache process of compiled modes")
-    parser.add_argument("--json", default="bench.json", help="JSON report (default bench.json)")
-    parser.add_argument("--markdown", default="bench.md", help="Markdown report (default bench.md)")
+    parser.add_argument("--json", default="bench.json",
+                        help="JSON report of the mode benchmark (default bench.json)")
+    parser.add_argument("--markdown", default="bench.md",
+                        help="Markdown report (default bench.md); --video, --warp and --profile write theirs here too")
     parser.add_argument("--profile", default=None, metavar="MODE:BATCH",
                         help="instead of benchmarking, profile one mode at one batch size (GPU), e.g. "
                              "compile-graph:1")
@@ -537,22 +539,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     args.batch_sizes = args.batch_sizes or _batch_sizes("8" if args.quick or cpu else "8,32,128,256")
     args.iters = args.iters or (3 if args.quick else (10 if cpu else 200))
 
+    # --warp, --video and --profile make one Markdown report: shown, and saved to --markdown.
     if args.warp:
-        print(warp_benchmark(args.device))
+        _report(warp_benchmark(args.device), args.markdown)
         return 0
     if args.video is not None:
         from .images import InputError
         try:
-            print(video_benchmark(args.video or None, args.device, args.video_engines, max(1, args.video_repeat)))
+            text = video_benchmark(args.video or None, args.device, args.video_engines, max(1, args.video_repeat))
         except InputError as exc:  # a missing or unreadable clip: one line, like the tools
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        _report(text, args.markdown)
         return 0
     if args.profile:
         mode_name, _, batch = args.profile.partition(":")
         if mode_name not in {m.name for m in MODES}:
             parser.error(f"unknown mode {mode_name!r}")
-        print(profile(mode_name, int(batch or 1), args.device, args.weights))
+        _report(profile(mode_name, int(batch or 1), args.device, args.weights), args.markdown)
         return 0
     if args.child:
         result = run_child(args)
@@ -605,15 +609,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     text = "\n".join(lines)
     print(text)
     report = {"command": command, "environment": env, "startup_floor": floor, "modes": rows}
-    for path, content in ((args.json, json.dumps(report, indent=2)), (args.markdown, text + "\n")):
-        if path:
-            tmp_path = Path(f"{path}.tmp")
-            tmp_path.write_text(content)
-            os.replace(tmp_path, path)
+    _save(args.json, json.dumps(report, indent=2))
+    _save(args.markdown, text + "\n")
     failed = [r["mode"] for r in rows if "error" in r["cold"]]
     if failed:
         print(f"error: {len(failed)} mode(s) failed: {', '.join(failed)} (see the table)", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _save(path: Optional[str], content: str) -> None:
+    """Write ``content`` to ``path`` whole or not at all (a temporary name, then a rename)."""
+    if path:
+        tmp_path = Path(f"{path}.tmp")
+        tmp_path.write_text(content)
+        os.replace(tmp_path, path)
+
+
+def _report(text: str, markdown: Optional[str]) -> None:
+    print(text)
+    _save(markdown, text + "\n")
 
 
 if __name__ == "__main__":

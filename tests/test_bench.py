@@ -24,3 +24,12 @@ def test_startup_floor_is_measured_in_a_fresh_process():
     floor = startup_floor("cpu")
     assert "error" not in floor, floor
     assert 0 < floor["import_torch_s"] < floor["process_s"] and floor["device_init_s"] >= 0
+
+
+def test_a_report_only_run_saves_its_markdown_where_asked(tmp_path):
+    from emonet.bench import main
+    report = tmp_path / "warp.md"
+    assert main(["--warp", "--device", "cpu", "--markdown", str(report)]) == 0
+    text = report.read_text()
+    assert text.startswith("Crops from a 1280x720 frame on cpu") and "| 16 |" in text
+    assert not list(tmp_path.glob("*.tmp"))

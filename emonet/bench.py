@@ -109,7 +109,7 @@ def run_child(args: argparse.Namespace) -> dict:
     from .checkpoints import load_model
     from .engine import Engine, EngineConfig, compare
     from .runtime import RuntimeConfig, configure
-    from .timing import LatencyTimer
+    from .timing import LatencyTimer, time_calls
 
     mode = next(m for m in MODES if m.name == args.child)
     result: dict = {"mode": mode.name, "description": mode.description}
@@ -156,11 +156,8 @@ def run_child(args: argparse.Namespace) -> dict:
     throughput = {}
     for bs in [b for b in batch_sizes if b > 1]:
         x = real_face_crops(bs).to(device)
-        bt = LatencyTimer(device)
-        for _ in range(2 if args.quick else max(3, args.iters // 10) + 1):
-            with bt.measure(bs):
-                engine(x)
-        throughput[str(bs)] = bt.summary().throughput
+        calls = 2 if args.quick else max(3, args.iters // 10) + 1
+        throughput[str(bs)] = time_calls(lambda: engine(x), device, calls, n_items=bs).throughput
     result["throughput"] = throughput
 
     if mode.engine:  # fast modes are checked against fp32 eager on real face crops

@@ -124,12 +124,13 @@ def fold_stack_tails(model: EmoNet) -> EmoNet:
     """A copy of ``model`` whose 1x1 convolutions after each hourglass and at the head's input are composed.
 
     After stack ``i`` the network computes ``r`` and from it, with 1x1 convolutions ``B`` (bl), ``L`` (l)
-    and ``A`` (al): the feature ``B r`` for the head and ``previous + B r + A L r`` for the next stack;
-    the 68-channel heatmap ``L r`` has no other use there. The head's input convolution ``W`` reads the
-    concatenation ``[x, m * f_0, ..., m * f_3]`` (``m``, the attention mask, is per pixel), which equals
-    ``W_x x + m * sum_i W_i f_i``. All of it is linear, so each stack runs one convolution whose outputs
-    are ``[W_i B_i; B_i + A_i L_i]`` (the last stack: ``[W_3; L_3]``), composed in float64, and the head
-    adds the terms. The 1,280-channel concatenation (2.7 GB at batch 256) and the 68-channel tensors,
+    and ``A`` (al): the feature ``f_i = B r`` for the head and ``previous + B r + A L r`` for the next
+    stack; the 68-channel heatmap ``L r`` has no other use there. The head's input convolution ``W``
+    reads the concatenation ``[x, m * f_0, m * f_1]`` (``m``, the attention mask, is per pixel), which
+    equals ``W_x x + m * sum_i W_i f_i``. All of it is linear, so each stack runs one convolution whose
+    outputs are ``[W_i B_i; B_i + A_i L_i]`` (the last stack, which has no ``B`` or ``A``: ``[W_i; L_i]``,
+    padded to a multiple of 8 channels), composed in float64, and the head adds the terms. The
+    768-channel concatenation (1.6 GB at batch 256) and the 68-channel tensors between the stacks,
     which no kernel reads or writes at full speed, are gone; ``r`` is read once.
     """
     model = copy.deepcopy(model).eval()
@@ -156,9 +157,9 @@ def fold_stack_tails(model: EmoNet) -> EmoNet:
             weight = torch.cat([w_f, w_l, w_l.new_zeros(pad, w_l.shape[1])])
             bias = torch.cat([b_f, b_l, b_l.new_zeros(pad)])
         model.add_module(f"tail{i}", _conv1x1(weight, bias, like))
-        for name in ("bl", "l", "al"):
-            if name in model._modules:
-                model._modules[f"{name}{i}"] = None  # unused now; their weights live in tail{i}
+        for key in (f"bl{i}", f"l{i}", f"al{i}"):
+            if key in model._modules:
+                model._modules[key] = None  # unused now; their weights live in tail{i}
     model.add_module("head_x", _conv1x1(w_head[:, :n], head.bias.double(), head))
     model.conv1x1_input_emo_2 = None
     return model

@@ -11,7 +11,7 @@ import copy
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -115,6 +115,18 @@ class LatencyTimer:
             items=sum(self._items),
             device=name,
         )
+
+
+def time_calls(fn: Callable[[], object], device: torch.device | str, calls: int, n_items: int = 1,
+               warmup: int = 0) -> LatencySummary:
+    """``fn()`` run ``warmup`` times untimed, then ``calls`` times timed; the first timed call is kept apart."""
+    for _ in range(warmup):
+        fn()
+    timer = LatencyTimer(device)
+    for _ in range(calls):
+        with timer.measure(n_items):
+            fn()
+    return timer.summary()
 
 
 @dataclass

@@ -40,7 +40,8 @@ def test_folding_the_stack_tails_and_head_input_is_exact(reference_model, crops,
         torch.manual_seed(0)
         model = emonet.EmoNet(n_expression=5, attention=False).eval()
     folded = fold_stack_tails(model)
-    assert model.conv1x1_input_emo_2 is not None and folded.conv1x1_input_emo_2 is None  # a copy
+    assert model.conv1x1_input_emo_2 is not None and model.l0 is not None  # folding works on a copy
+    assert folded.conv1x1_input_emo_2 is None and folded.l0 is None and folded.bl0 is None and folded.l1 is None
     assert all(m.weight.shape[0] % 8 == 0 for name, m in folded.named_children() if name.startswith("tail"))
     x = crops.float() / 255
     with torch.no_grad():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import emonet
-from emonet.timing import FIRST_CALL_NOTE, FIRST_CALL_NOTE_CPU, LatencyTimer, model_cost
+from emonet.timing import FIRST_CALL_NOTE, FIRST_CALL_NOTE_CPU, LatencyTimer, model_cost, time_calls
 
 
 def test_first_call_is_kept_apart_from_the_steady_state():
@@ -21,6 +21,13 @@ def test_first_call_is_kept_apart_from_the_steady_state():
     text = s.format()
     assert "first call" in text and "steady state" in text and FIRST_CALL_NOTE_CPU in text
     assert "cuDNN" in FIRST_CALL_NOTE  # what a GPU report says instead
+
+
+def test_time_calls_runs_the_warm_up_untimed_and_keeps_the_first_timed_call_apart():
+    delays = iter([0.03, 0.03, 0.02, 0.005, 0.005, 0.005])
+    s = time_calls(lambda: time.sleep(next(delays)), "cpu", calls=4, n_items=8, warmup=2)
+    assert s.calls == 4 and s.items == 32
+    assert s.first_ms >= 20 and 5 <= s.median_ms < 20
 
 
 def test_summary_with_one_or_no_calls():

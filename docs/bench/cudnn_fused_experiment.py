@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from emonet.timing import LatencyTimer  # noqa: E402
+from emonet.timing import time_calls  # noqa: E402
 
 import cudnn  # noqa: E402  (after torch: reuses the libcudnn torch loaded)
 
@@ -141,11 +142,7 @@ class FusedConv:
 
 
 def _time(fn, iters: int) -> float:
-    timer = LatencyTimer("cuda")
-    for _ in range(iters + 1):
-        with timer.measure():
-            fn()
-    return timer.summary().median_ms
+    return time_calls(fn, "cuda", iters + 1).median_ms
 
 
 def _fused(x, scale, shift, weight):
@@ -281,13 +278,7 @@ def model_main(batches: list[int]) -> None:
                             log=lambda m: None)
             warm = time.perf_counter() - t0
             x = crops[:batch]
-            for _ in range(3):
-                engine(x)
-            timer = LatencyTimer(dev)
-            for _ in range(31 if batch > 8 else 201):
-                with timer.measure(batch):
-                    engine(x)
-            s = timer.summary()
+            s = time_calls(partial(engine, x), dev, 31 if batch > 8 else 201, n_items=batch, warmup=3)
             outs[(name, batch)] = engine(x)
             print(f"{name:12s} batch {batch:>3}: {s.median_ms:8.3f} ms median, {s.p90_ms:8.3f} p90, "
                   f"{s.throughput:8.1f} crops/s; engine build + warm-up {warm:.1f} s", flush=True)

@@ -21,7 +21,7 @@ from emonet.bench import real_face_crops  # noqa: E402
 from emonet.checkpoints import load_model  # noqa: E402
 from emonet.engine import Engine, EngineConfig, compare  # noqa: E402
 from emonet.runtime import RuntimeConfig, configure  # noqa: E402
-from emonet.timing import LatencyTimer  # noqa: E402
+from emonet.timing import time_calls  # noqa: E402
 
 name = sys.argv[1] if len(sys.argv) > 1 else "fold_stack_tails"
 dev = configure(RuntimeConfig(device="cuda", cudnn_benchmark=True))
@@ -44,13 +44,7 @@ for rep in range(2):
     for batch in (256, 1):
         for fold in ("off", "on"):
             engine, x = engines[(fold, batch)], crops[batch]
-            for _ in range(3):
-                engine(x)
-            timer = LatencyTimer(dev)
-            for _ in range(31 if batch > 1 else 501):
-                with timer.measure(batch):
-                    engine(x)
-            s = timer.summary()
+            s = time_calls(lambda: engine(x), dev, 31 if batch > 1 else 501, n_items=batch, warmup=3)
             print(f"round {rep + 1} batch {batch:>3} {name} {fold:3s}: {s.median_ms:7.3f} ms median, "
                   f"{s.p90_ms:7.3f} p90, {s.throughput:8.1f} crops/s", flush=True)
 reference = net.to(dev)

@@ -4,8 +4,11 @@ Not part of the package. Every convolution in a ConvBlock reads ``relu(bn(x))``;
 activation with an elementwise kernel and the convolution reads it back, and those passes are half of
 the batch-256 time (docs/PERFORMANCE.md, "Sixth session"). cuDNN's graph API can fuse a per-channel
 scale, shift and ReLU into the convolution's operand load (a prologue). PyTorch does not expose it;
-the cuDNN frontend's Python package (``nvidia-cudnn-frontend``) does. This script measures it:
+the cuDNN frontend's Python package does (``pip install nvidia-cudnn-frontend==1.16.0``, which uses the
+libcudnn torch loaded). This script measures it (raw output of the seventh session's runs on an H100:
+``docs/bench/h100-cudnn-fused.txt``):
 
+    python docs/bench/cudnn_fused_experiment.py probe            # which forms of the graph cuDNN runs
     python docs/bench/cudnn_fused_experiment.py conv [BATCH]     # each ConvBlock convolution alone
     python docs/bench/cudnn_fused_experiment.py model [BATCH...] # whole compiled engine, fused vs not
 

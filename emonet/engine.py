@@ -102,9 +102,10 @@ def _fold(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
     return fused
 
 
-def fold_batchnorm(model: EmoNet) -> EmoNet:
-    """A copy of ``model`` with each BatchNorm that directly follows a convolution folded into it."""
-    model = copy.deepcopy(model).eval()
+def fold_batchnorm(model: EmoNet, inplace: bool = False) -> EmoNet:
+    """A copy of ``model`` (``inplace``: ``model`` itself) with each BatchNorm that directly follows a
+    convolution folded into it."""
+    model = (model if inplace else copy.deepcopy(model)).eval()
     pairs = [("conv1", "bn1")] + [(f"conv_last{i}", f"bn_end{i}") for i in range(model.n_stacks)]
     for conv_name, bn_name in pairs:
         setattr(model, conv_name, _fold(getattr(model, conv_name), getattr(model, bn_name)))
@@ -120,8 +121,9 @@ def _conv1x1(weight: torch.Tensor, bias: torch.Tensor, like: nn.Conv2d) -> nn.Co
 
 
 @torch.no_grad()
-def fold_stack_tails(model: EmoNet) -> EmoNet:
-    """A copy of ``model`` whose 1x1 convolutions after each hourglass and at the head's input are composed.
+def fold_stack_tails(model: EmoNet, inplace: bool = False) -> EmoNet:
+    """A copy of ``model`` (``inplace``: ``model`` itself) whose 1x1 convolutions after each hourglass and at
+    the head's input are composed.
 
     After stack ``i`` the network computes ``r`` and from it, with 1x1 convolutions ``B`` (bl), ``L`` (l)
     and ``A`` (al): the feature ``f_i = B r`` for the head and ``previous + B r + A L r`` for the next
@@ -133,7 +135,7 @@ def fold_stack_tails(model: EmoNet) -> EmoNet:
     768-channel concatenation (1.6 GB at batch 256) and the 68-channel tensors between the stacks,
     which no kernel reads or writes at full speed, are gone; ``r`` is read once.
     """
-    model = copy.deepcopy(model).eval()
+    model = (model if inplace else copy.deepcopy(model)).eval()
     head = model.conv1x1_input_emo_2
     w_head = head.weight.double()[:, :, 0, 0]
     n = model.conv_last0.out_channels
@@ -166,14 +168,15 @@ def fold_stack_tails(model: EmoNet) -> EmoNet:
 
 
 @torch.no_grad()
-def pad_stem_input(model: EmoNet) -> EmoNet:
-    """A copy of ``model`` whose first convolution takes a fourth, all-zero input channel (exact).
+def pad_stem_input(model: EmoNet, inplace: bool = False) -> EmoNet:
+    """A copy of ``model`` (``inplace``: ``model`` itself) whose first convolution takes a fourth, all-zero
+    input channel (exact).
 
     cuDNN's kernels for the 7x7 stem convolution read NHWC input in groups of four channels: given three,
     it first copies the input into a padded buffer with a kernel of its own. :func:`model_input` writes
     the fourth channel while it converts the crops, so that copy disappears.
     """
-    model = copy.deepcopy(model)
+    model = model if inplace else copy.deepcopy(model)
     conv = model.conv1
     padded = nn.Conv2d(4, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
                        bias=conv.bias is not None).to(conv.weight.device, conv.weight.dtype)
@@ -348,9 +351,11 @@ class Engine:
         self._log = log or (lambda msg: print(msg, file=sys.stderr))
         self._dtype = RuntimeConfig(precision=self.config.precision).dtype
 
-        net = fold_stack_tails(fold_batchnorm(model)) if self.config.fold_bn else copy.deepcopy(model).eval()
+        net = copy.deepcopy(model).eval()  # the one copy: the transforms below change it in place
+        if self.config.fold_bn:
+            fold_stack_tails(fold_batchnorm(net, inplace=True), inplace=True)
         if self.device.type == "cuda" and self.config.channels_last:
-            net = pad_stem_input(net)
+            pad_stem_input(net, inplace=True)
         net = net.to(self.device, self._dtype)
         if self.config.channels_last:
             net = net.to(memory_format=torch.channels_last)

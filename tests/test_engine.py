@@ -51,6 +51,8 @@ def test_folding_the_stack_tails_and_head_input_is_exact(reference_model, crops,
         assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-5), key
     on_meta = fold_stack_tails(copy.deepcopy(model).to("meta"))  # the engine folds models on the GPU too
     assert on_meta.tail0.weight.device.type == "meta" and on_meta.head_x.bias.device.type == "meta"
+    own = copy.deepcopy(model)
+    assert fold_stack_tails(own, inplace=True) is own and own.l0 is None  # how the engine folds its one copy
 
 
 def test_padding_the_stem_input_to_four_channels_is_exact(reference_model, crops):
@@ -62,6 +64,8 @@ def test_padding_the_stem_input_to_four_channels_is_exact(reference_model, crops
         a, b = reference_model(crops.float() / 255), padded(x)
     for key in a:
         assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-5), key
+    own = copy.deepcopy(reference_model)
+    assert pad_stem_input(own, inplace=True) is own and own.conv1.in_channels == 4
 
 
 def test_eager_fp32_engine_equals_the_model(reference_model, crops):

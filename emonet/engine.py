@@ -25,6 +25,7 @@ from torch import nn
 from . import precompile
 from .geometry import heatmap_coords
 from .models import EmoNet
+from .models.emonet import Conv1x1ReLU, MaxPool2x2
 from .runtime import RuntimeConfig
 
 OUTPUT_KEYS = ("heatmap", "landmarks", "expression", "valence", "arousal")
@@ -76,8 +77,9 @@ PRESETS: Dict[str, EngineConfig] = {
 }
 
 
-def compile_options(config: EngineConfig, device: torch.device) -> Dict[str, object]:
-    """Inductor settings for this engine's ``torch.compile`` calls, passed per call (never set globally)."""
+def compile_options(config: EngineConfig, device: torch.device, piece: str = "model") -> Dict[str, object]:
+    """Inductor settings for one of this engine's ``torch.compile`` calls (``piece``: ``"model"``, the whole
+    forward, or a piece of the streamed forward), passed per call (never set globally)."""
     import torch._inductor
     mode = "max-autotune-no-cudagraphs" if config.compile == "max-autotune" else "default"
     options: Dict[str, object] = {**torch._inductor.list_mode_options(mode), "freezing": config.freeze}
@@ -88,6 +90,11 @@ def compile_options(config: EngineConfig, device: torch.device) -> Dict[str, obj
         # 6,923 crops/s with this off -> on; docs/PERFORMANCE.md). As a pointwise kernel its
         # layout follows its consumer, the convolution: channels_last.
         options["force_pointwise_cat"] = True
+        # Half the GPU time at large batch is Triton elementwise kernels, bound by memory bandwidth;
+        # tuning each one's block sizes on the device pays there (H100, batch 256: +1.7 %), but made
+        # the small batches' streamed pieces slower (batch 1: 0.95 -> 0.98 ms; docs/PERFORMANCE.md,
+        # eighth session). The search runs once per kernel; its result is cached on disk with it.
+        options["coordinate_descent_tuning"] = piece == "model"
     return options
 
 
@@ -185,6 +192,45 @@ def pad_stem_input(model: EmoNet, inplace: bool = False) -> EmoNet:
     if conv.bias is not None:
         padded.bias.copy_(conv.bias)
     model.conv1 = padded
+    return model
+
+
+def pointwise_max_pools(model: EmoNet, inplace: bool = False) -> EmoNet:
+    """A copy of ``model`` (``inplace``: ``model`` itself) whose 2x2 max-pooling modules are
+    :class:`~emonet.models.emonet.MaxPool2x2` (exact), for compiled engines.
+
+    The stem's last block and each of the emotion head's blocks feed only a pooling. Inductor's
+    max-pool lowering writes such a block's output at full size and reads it back; as elementwise
+    maxima the pooling fuses into the kernel that adds the block's branches, which then writes a
+    quarter of that (H100, batch 256: the stem's block output alone is 1 GB written and read again).
+    The hourglasses' pools keep ``F.max_pool2d``: their input is kept anyway for the skip branch.
+    """
+    model = model if inplace else copy.deepcopy(model)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if (isinstance(child, nn.MaxPool2d) and child.kernel_size in (2, (2, 2))
+                    and child.stride in (2, (2, 2)) and child.padding in (0, (0, 0))
+                    and child.dilation in (1, (1, 1)) and not child.ceil_mode and not child.return_indices):
+                setattr(parent, name, MaxPool2x2())
+    return model
+
+
+@torch.no_grad()
+def fuse_stack_ends(model: EmoNet, inplace: bool = False) -> EmoNet:
+    """A copy of ``model`` (``inplace``: ``model`` itself) in which each stack's ``relu(bn_end(conv_last(.)))``
+    is one :class:`~emonet.models.emonet.Conv1x1ReLU` (exact up to rounding), for CUDA engines.
+
+    The BN is folded into the 1x1 convolution and the ReLU becomes the matrix product's epilogue, so
+    the 256-channel 64x64 result is written once instead of written, read and written again by a
+    separate ReLU pass (H100, batch 256: 1 GB per stack).
+    """
+    model = (model if inplace else copy.deepcopy(model)).eval()
+    for i in range(model.n_stacks):
+        conv, bn = model._modules[f"conv_last{i}"], model._modules[f"bn_end{i}"]
+        if isinstance(bn, nn.BatchNorm2d):
+            conv = _fold(conv, bn)
+        model.add_module(f"last{i}", Conv1x1ReLU(conv.weight, conv.bias))
+        model._modules[f"conv_last{i}"] = model._modules[f"bn_end{i}"] = None  # their weights live in last{i}
     return model
 
 
@@ -356,6 +402,10 @@ class Engine:
             fold_stack_tails(fold_batchnorm(net, inplace=True), inplace=True)
         if self.device.type == "cuda" and self.config.channels_last:
             pad_stem_input(net, inplace=True)
+            if self.config.fold_bn:
+                fuse_stack_ends(net, inplace=True)
+        if self.config.compile:
+            pointwise_max_pools(net, inplace=True)
         net = net.to(self.device, self._dtype)
         if self.config.channels_last:
             net = net.to(memory_format=torch.channels_last)
@@ -441,7 +491,9 @@ class Engine:
             # Not the batch sizes: the compiled functions are specialised to those as they are called.
             code = (c.precision, c.channels_last, c.fold_bn, c.compile, c.freeze, sorted(options.items()))
             folder = cache / "precompiled" / precompile.code_digest(device_name, code, *sources)
-        return precompile.compiler(folder, self._log, options=options, dynamic=False)
+        wraps = {piece: precompile.compiler(folder, self._log, options=compile_options(self.config, self.device, piece),
+                                            dynamic=False) for piece in ("model", "piece")}
+        return lambda fn, name, mark=None: wraps["model" if name == "model" else "piece"](fn, name, mark)
 
     def _aot_package(self, net: nn.Module):
         """Load (building it once) an AOTInductor package of ``net``: compiled code with no tracing at start.

@@ -3,12 +3,15 @@ import copy
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import emonet
 from emonet.bench import real_face_crops
 from emonet.geometry import decode_heatmaps
 from emonet.engine import (Engine, EngineConfig, StreamedForward, compare, compile_options, fold_batchnorm,
-                           fold_stack_tails, model_input, pad_stem_input, split_outputs)
+                           fold_stack_tails, fuse_stack_ends, model_input, pad_stem_input, pointwise_max_pools,
+                           split_outputs)
+from emonet.models.emonet import Conv1x1ReLU, MaxPool2x2
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +69,46 @@ def test_padding_the_stem_input_to_four_channels_is_exact(reference_model, crops
         assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-5), key
     own = copy.deepcopy(reference_model)
     assert pad_stem_input(own, inplace=True) is own and own.conv1.in_channels == 4
+
+
+def test_pointwise_max_pooling_equals_max_pool2d():
+    torch.manual_seed(0)
+    for shape in [(2, 5, 8, 8), (1, 3, 7, 9), (2, 4, 2, 2)]:
+        x = torch.randn(shape).to(memory_format=torch.channels_last)
+        x[0, 0, 0, 0], x[0, 1, 1, 1] = float("nan"), float("-inf")
+        assert torch.equal(MaxPool2x2()(x).isnan(), F.max_pool2d(x, 2, 2).isnan())
+        assert torch.equal(MaxPool2x2()(x).nan_to_num(), F.max_pool2d(x, 2, 2).nan_to_num())
+
+
+def test_max_pools_swapped_for_the_pointwise_form_is_exact(reference_model, crops):
+    pooled = pointwise_max_pools(reference_model)
+    swapped = [m for m in pooled.modules() if isinstance(m, MaxPool2x2)]
+    assert len(swapped) == 5  # the stem's and the emotion head's four
+    assert not any(isinstance(m, MaxPool2x2) for m in reference_model.modules())  # a copy
+    x = crops.float() / 255
+    with torch.no_grad():
+        a, b = reference_model(x), pooled(x)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    own = copy.deepcopy(reference_model)
+    assert pointwise_max_pools(own, inplace=True) is own and isinstance(own.stem_pool, MaxPool2x2)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_stack_ends_fused_into_one_product_with_relu_is_exact(reference_model, crops, channels_last):
+    x = crops.float() / 255
+    for model in (reference_model, fold_stack_tails(fold_batchnorm(reference_model))):  # BN unfolded or folded
+        fused = fuse_stack_ends(model)
+        assert isinstance(fused.last0, Conv1x1ReLU) and fused.conv_last1 is None and fused.bn_end1 is None
+        assert model.conv_last0 is not None  # a copy
+        if channels_last:
+            fused = fused.to(memory_format=torch.channels_last)
+        with torch.no_grad():
+            a, b = model(x), fused(x)
+        for key in a:
+            assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-5), key
+    own = copy.deepcopy(reference_model)
+    assert fuse_stack_ends(own, inplace=True) is own and own.conv_last0 is None
 
 
 def test_eager_fp32_engine_equals_the_model(reference_model, crops):
@@ -159,7 +202,8 @@ def test_compile_settings_are_passed_per_call_and_never_set_globally(reference_m
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # the engine only sets these when unset
         monkeypatch.setenv(var, str(tmp_path / var))
     gpu = compile_options(EngineConfig(compile="default"), torch.device("cuda"))
-    assert gpu == {"freezing": False, "force_pointwise_cat": True}
+    assert gpu == {"freezing": False, "force_pointwise_cat": True, "coordinate_descent_tuning": True}
+    assert compile_options(EngineConfig(compile="default"), torch.device("cuda"), "block")["coordinate_descent_tuning"] is False
     tuned = compile_options(EngineConfig(compile="max-autotune", freeze=True), torch.device("cpu"))
     assert tuned["max_autotune"] is True and tuned["freezing"] is True and "force_pointwise_cat" not in tuned
 

@@ -2,6 +2,8 @@
 
     python docs/bench/engine_transform_ab.py fold_stack_tails   # 1x1 convolutions composed
     python docs/bench/engine_transform_ab.py pad_stem_input     # a fourth, zero input channel
+    python docs/bench/engine_transform_ab.py pointwise_max_pools
+    python docs/bench/engine_transform_ab.py coordinate_descent_tuning  # an option compile_options sets
 
 Builds four engines in one process: the whole-model graph at batch 256 (``compile-graph``) and the
 streamed graph at batch 1 (``compile-streams-graph``, the photo tool's), each with the transform ("on")
@@ -26,10 +28,15 @@ from emonet.timing import time_calls  # noqa: E402
 name = sys.argv[1] if len(sys.argv) > 1 else "fold_stack_tails"
 dev = configure(RuntimeConfig(device="cuda", cudnn_benchmark=True))
 net = load_model("random", device="cpu")
-transform = getattr(engine_module, name)
+transform = getattr(engine_module, name, None)
+options = engine_module.compile_options
 engines = {}
 for fold in ("off", "on"):
-    setattr(engine_module, name, transform if fold == "on" else (lambda m, inplace=False: m))
+    if transform is None:  # an Inductor option that compile_options sets: forced off, or left as it is
+        engine_module.compile_options = (options if fold == "on" else
+                                         lambda config, device, piece="model": {**options(config, device, piece), name: False})
+    else:
+        setattr(engine_module, name, transform if fold == "on" else (lambda m, inplace=False: m))
     for batch, streams in ((256, 0), (1, 8)):
         torch._dynamo.reset()
         config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="default",
@@ -37,7 +44,8 @@ for fold in ("off", "on"):
                               cache_dir=f"/tmp/{name}-{fold}")
         engines[(fold, batch)] = Engine(net, dev, config, log=lambda m: None)
         print(f"built {fold} batch {batch}: warm-up {engines[(fold, batch)].warmup_ms / 1e3:.1f} s", flush=True)
-setattr(engine_module, name, transform)
+if transform is not None:
+    setattr(engine_module, name, transform)
 
 crops = {b: real_face_crops(b).to(dev) for b in (1, 256)}
 for rep in range(2):

@@ -3,7 +3,8 @@
 python docs/bench/b256_variants.py NAME BATCH [--profile] [--nograph]
 env: CUDNN_LIMIT=n (torch.backends.cudnn.benchmark_limit), IC="key=value,..." (inductor config),
 PATCH=1 (stem and hourglass outputs made .contiguous(channels_last) in the model code),
-NOPW=1 (the engine's force_pointwise_cat turned back off: the engine before the sixth session)
+NOPW=1 (the engine's force_pointwise_cat turned back off: the engine before the sixth session),
+STATIC=1 (EngineConfig(dynamic_batch=False): the graph specialised to BATCH)
 """
 import json
 import os
@@ -46,7 +47,7 @@ graphs = "--nograph" not in sys.argv
 t = time.perf_counter()
 engine = Engine(load_model("random", device="cpu"), dev,
                 EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="default",
-                             cuda_graphs=graphs, batch_sizes=(batch,), precompile=False,
+                             dynamic_batch=not os.environ.get("STATIC"), cuda_graphs=graphs, batch_sizes=(batch,), precompile=False,
                              cache_dir=f"/tmp/cc-{name}"), log=lambda m: None)
 warm = time.perf_counter() - t
 x = torch.randint(0, 256, (batch, 3, 256, 256), dtype=torch.uint8, device=dev)

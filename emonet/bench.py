@@ -63,6 +63,10 @@ MODES = [
     Mode("compile-streams-graph", "compile-graph, hourglass skip branches on side CUDA streams up to batch 8",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default", "streams": 8,
           "cuda_graphs": True}, compiled=True),
+    Mode("compile-tuned-streams-graph", "compile-streams-graph, the whole-model graph's Triton kernels tuned on the "
+                                        "device (engine preset 'tuned')",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default", "streams": 8,
+          "cuda_graphs": True, "tune_kernels": True}, compiled=True),
     Mode("compile-streams-graph-retrace", "compile-streams-graph without saved tracing: Dynamo traces at every start",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default", "streams": 8,
           "cuda_graphs": True, "precompile": False}, compiled=True),

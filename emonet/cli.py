@@ -25,7 +25,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
     g.add_argument("--engine", default="auto", choices=["auto", *PRESETS],
                    help="auto: fp16 + CUDA graphs on a GPU, fp32 on the CPU and in --deterministic mode; "
                         "compiled: torch.compile, and side CUDA streams up to batch 8 (slow first start, "
-                        "fastest after); max: the same with max-autotune (very slow first start)")
+                        "fastest after); tuned: compiled, with kernels tuned on the GPU (long runs at "
+                        "large batch; about 15 s more at every start); max: compiled with max-autotune "
+                        "(very slow first start)")
     g.add_argument("--no-cudnn-benchmark", action="store_true",
                    help="turn cuDNN autotuning off (faster start, slower steady state)")
     g.add_argument("--deterministic", action="store_true",

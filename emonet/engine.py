@@ -3,8 +3,10 @@
 Fast modes, each a switch: reduced precision (fp16/bf16/tf32), channels_last, exact folding (BatchNorm
 where a BN directly follows a convolution: stem ``conv1``->``bn1`` and ``conv_last{i}``->``bn_end{i}``;
 every other BN precedes its ReLU and convolution and cannot be folded exactly; and the 1x1 convolutions
-after each hourglass composed with the head's input convolution, :func:`fold_stack_tails`),
-``torch.compile`` with its caches on disk, and CUDA graphs for fixed batch sizes (a smaller
+after each hourglass composed with the head's input convolution, :func:`fold_stack_tails`; on CUDA, each
+stack's last 1x1 convolution, BN and ReLU as one matrix product, :func:`fuse_stack_ends`),
+``torch.compile`` with its caches on disk (its 2x2 max pools written so they fuse into the kernel that
+feeds them, :func:`pointwise_max_pools`), and CUDA graphs for fixed batch sizes (a smaller
 batch is padded up to the next captured size). A warm-up at load time pays cuDNN autotuning,
 compilation and graph capture before the first real frame, and its cost is reported on its own.
 """
@@ -45,6 +47,7 @@ class EngineConfig:
     dynamic_batch: bool = True              # compile: one graph for every batch > 1 (False: one per batch size)
     streams: int = 0                        # batches up to this size run the hourglass skip branches on side CUDA streams
     warmup: bool = True
+    tune_kernels: bool = False              # compile: tune the whole-model graph's Triton kernels on the device
     precompile: bool = True                 # compile: keep Dynamo's tracing on disk too (emonet.precompile)
     cache_dir: Optional[str] = None         # torch.compile caches; default ~/.cache/emonet/compile
 
@@ -58,6 +61,8 @@ class EngineConfig:
             parts.append("fold")
         if self.compile:
             parts.append("compile" if self.compile == "default" else self.compile)
+            if self.tune_kernels:
+                parts.append("tuned")
             if not self.dynamic_batch:
                 parts.append("static")
             if not self.precompile:
@@ -72,6 +77,8 @@ PRESETS: Dict[str, EngineConfig] = {
     "fast": EngineConfig(precision="fp16", channels_last=True, fold_bn=True, cuda_graphs=True),
     "compiled": EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="default",
                              streams=8, cuda_graphs=True),
+    "tuned": EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="default",
+                          streams=8, cuda_graphs=True, tune_kernels=True),
     "max": EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="max-autotune",
                         streams=8, cuda_graphs=True),
 }
@@ -90,11 +97,12 @@ def compile_options(config: EngineConfig, device: torch.device, piece: str = "mo
         # 6,923 crops/s with this off -> on; docs/PERFORMANCE.md). As a pointwise kernel its
         # layout follows its consumer, the convolution: channels_last.
         options["force_pointwise_cat"] = True
-        # Half the GPU time at large batch is Triton elementwise kernels, bound by memory bandwidth;
-        # tuning each one's block sizes on the device pays there (H100, batch 256: +1.7 %), but made
-        # the small batches' streamed pieces slower (batch 1: 0.95 -> 0.98 ms; docs/PERFORMANCE.md,
-        # eighth session). The search runs once per kernel; its result is cached on disk with it.
-        options["coordinate_descent_tuning"] = piece == "model"
+        # tune_kernels: half the GPU time at large batch is Triton elementwise kernels, bound by memory
+        # bandwidth; tuning each one's block sizes on the device pays there (H100, batch 256: +1.7 %),
+        # but made the small batches' streamed pieces slower (batch 1: 0.95 -> 0.98 ms), and a process
+        # that loads the saved compiled code tunes some kernels again (run 18: 14 s of a warm start),
+        # hence opt-in, for long large-batch runs (docs/PERFORMANCE.md, eighth session).
+        options["coordinate_descent_tuning"] = config.tune_kernels and piece == "model"
     return options
 
 

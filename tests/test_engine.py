@@ -202,8 +202,10 @@ def test_compile_settings_are_passed_per_call_and_never_set_globally(reference_m
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # the engine only sets these when unset
         monkeypatch.setenv(var, str(tmp_path / var))
     gpu = compile_options(EngineConfig(compile="default"), torch.device("cuda"))
-    assert gpu == {"freezing": False, "force_pointwise_cat": True, "coordinate_descent_tuning": True}
-    assert compile_options(EngineConfig(compile="default"), torch.device("cuda"), "block")["coordinate_descent_tuning"] is False
+    assert gpu == {"freezing": False, "force_pointwise_cat": True, "coordinate_descent_tuning": False}
+    tuned_gpu = EngineConfig(compile="default", tune_kernels=True)
+    assert compile_options(tuned_gpu, torch.device("cuda"))["coordinate_descent_tuning"] is True
+    assert compile_options(tuned_gpu, torch.device("cuda"), "block")["coordinate_descent_tuning"] is False
     tuned = compile_options(EngineConfig(compile="max-autotune", freeze=True), torch.device("cpu"))
     assert tuned["max_autotune"] is True and tuned["freezing"] is True and "force_pointwise_cat" not in tuned
 

@@ -161,8 +161,8 @@ def run_child(args: argparse.Namespace) -> dict:
     for bs in [b for b in batch_sizes if b > 1]:
         x = real_face_crops(bs).to(device)
         calls = 2 if args.quick else max(3, args.iters // 10) + 1
-        # As many untimed calls first: after the batch-1 loop the GPU needs a moment at full load before
-        # its clocks settle (H100: the first ten batches of 256 ran ~6 % slower than the rest).
+        # As many untimed calls first: the first calls at a new batch size run slower (H100: a first round
+        # of ten batches of 256 ran ~6 % slower than the rounds after it; docs/PERFORMANCE.md).
         throughput[str(bs)] = time_calls(lambda: engine(x), device, calls, n_items=bs,
                                          warmup=0 if args.quick else calls).throughput
     result["throughput"] = throughput

@@ -499,8 +499,10 @@ class Engine:
             # Not the batch sizes: the compiled functions are specialised to those as they are called.
             code = (c.precision, c.channels_last, c.fold_bn, c.compile, c.freeze, sorted(options.items()))
             folder = cache / "precompiled" / precompile.code_digest(device_name, code, *sources)
-        wraps = {piece: precompile.compiler(folder, self._log, options=compile_options(self.config, self.device, piece),
-                                            dynamic=False) for piece in ("model", "piece")}
+        # The whole-model graph and the streamed forward's pieces differ in their options (tune_kernels).
+        piece_options = compile_options(self.config, self.device, "piece")
+        wraps = {kind: precompile.compiler(folder, self._log, options=opts, dynamic=False)
+                 for kind, opts in (("model", options), ("piece", piece_options))}
         return lambda fn, name, mark=None: wraps["model" if name == "model" else "piece"](fn, name, mark)
 
     def _aot_package(self, net: nn.Module):

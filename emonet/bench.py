@@ -560,6 +560,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         mode_name, _, batch = args.profile.partition(":")
         if mode_name not in {m.name for m in MODES}:
             parser.error(f"unknown mode {mode_name!r}")
+        if not (batch or "1").isdigit() or int(batch or 1) < 1:
+            parser.error(f"--profile expects MODE:BATCH with a positive whole batch size, got {args.profile!r}")
         _report(profile(mode_name, int(batch or 1), args.device, args.weights), args.markdown)
         return 0
     if args.child:

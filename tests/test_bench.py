@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--modes", "warp-speed"], "unknown mode(s) warp-speed"),
     (["--video", "missing.mp4"], "missing.mp4: no such video file"),
     (["--batch-sizes", "8,x"], "expected positive whole numbers separated by commas"),
+    (["--profile", "compile-graph:x"], "positive whole batch size"),
 ])
 def test_bad_arguments_fail_fast_with_one_line(args, message):
     out = subprocess.run([sys.executable, "-m", "emonet.bench", "--device", "cpu", "--quick", *args],

@@ -16,6 +16,7 @@ import torch
 from emonet.checkpoints import load_model
 from emonet.engine import Engine, EngineConfig
 from emonet.runtime import RuntimeConfig, configure
+from replay_rounds import round_rates  # docs/bench, beside this script
 
 name, batch = sys.argv[1], int(sys.argv[2])
 dev = configure(RuntimeConfig(device="cuda", cudnn_benchmark=True))
@@ -51,19 +52,7 @@ engine = Engine(load_model("random", device="cpu"), dev,
                              cache_dir=f"/tmp/cc-{name}"), log=lambda m: None)
 warm = time.perf_counter() - t
 x = torch.randint(0, 256, (batch, 3, 256, 256), dtype=torch.uint8, device=dev)
-for _ in range(3):
-    engine(x)
-torch.cuda.synchronize()
-rates = []
-for _ in range(5):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(10):
-        engine(x)
-    b.record()
-    b.synchronize()
-    rates.append(batch * 10 / (a.elapsed_time(b) / 1e3))
-rates.sort()
+rates = round_rates(lambda: engine(x), batch)
 print(json.dumps({"variant": name, "batch": batch, "warmup_s": round(warm, 1),
                   "crops_per_s_median": round(rates[2]), "runs": [round(r) for r in rates],
                   "peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20)}), flush=True)

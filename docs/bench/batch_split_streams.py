@@ -12,6 +12,7 @@ import torch
 from emonet.checkpoints import load_model
 from emonet.engine import Engine, EngineConfig
 from emonet.runtime import RuntimeConfig, configure
+from replay_rounds import round_rates  # docs/bench, beside this script
 
 batch = int(sys.argv[1])
 dev = configure(RuntimeConfig(device="cuda", cudnn_benchmark=True))
@@ -50,22 +51,6 @@ def capture(parts, priorities):
     return g, out, ref
 
 
-def rate(g):
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    rs = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(10):
-            g.replay()
-        b.record()
-        b.synchronize()
-        rs.append(batch * 10 / (a.elapsed_time(b) / 1e3))
-    return sorted(rs)
-
-
 base = None
 for name, parts, prios in [("whole", 1, [0]), ("split2", 2, [0, 0]), ("split2-prio", 2, [-1, 0]),
                            ("split4", 4, [0, 0, 0, 0]), ("split4-prio", 4, [-1, -1, 0, 0]),
@@ -76,7 +61,7 @@ for name, parts, prios in [("whole", 1, [0]), ("split2", 2, [0, 0]), ("split2-pr
     if base is None:
         base = out.clone()
     same = float((out - base).abs().max())
-    rs = rate(g)
+    rs = round_rates(g.replay, batch)
     print(json.dumps({"variant": name, "batch": batch, "median": round(rs[2]), "runs": [round(r) for r in rs],
                       "max_diff_vs_whole": same}), flush=True)
     del g

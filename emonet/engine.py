@@ -30,9 +30,6 @@ from .models import EmoNet
 from .models.emonet import Conv1x1ReLU, MaxPool2x2
 from .runtime import RuntimeConfig
 
-OUTPUT_KEYS = ("heatmap", "landmarks", "expression", "valence", "arousal")
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs EmoNet. ``EngineConfig()`` is the plain eager fp32 model."""
@@ -48,6 +45,7 @@ class EngineConfig:
     streams: int = 0                        # batches up to this size run the hourglass skip branches on side CUDA streams
     warmup: bool = True
     tune_kernels: bool = False              # compile: tune the whole-model graph's Triton kernels on the device
+    heatmaps: bool = False                  # also return the 68 heatmaps (N, 68, 64, 64); landmarks always
     precompile: bool = True                 # compile: keep Dynamo's tracing on disk too (emonet.precompile)
     cache_dir: Optional[str] = None         # torch.compile caches; default ~/.cache/emonet/compile
 
@@ -67,6 +65,8 @@ class EngineConfig:
                 parts.append("static")
             if not self.precompile:
                 parts.append("retrace")
+        if self.heatmaps:
+            parts.append("heatmaps")
         if self.cuda_graphs:
             parts.append("graph")
         return "+".join(parts)
@@ -268,8 +268,13 @@ def model_input(model: EmoNet, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _landmark_part(heat: torch.Tensor) -> torch.Tensor:
+    """The landmarks decoded from the heatmaps, flattened: the front of the packed output."""
+    return heatmap_coords(heat).flatten(1)
+
+
 def _heat_part(heat: torch.Tensor) -> torch.Tensor:
-    """The heatmaps (float32, flattened) and the landmarks decoded from them: the front of the packed output."""
+    """The heatmaps (float32, flattened), then the landmarks: the front of the packed output with heatmaps."""
     return torch.cat([heat.flatten(1).float(), heatmap_coords(heat).flatten(1)], dim=1)
 
 
@@ -280,21 +285,27 @@ def _pack(heat_part: torch.Tensor, out: Dict[str, torch.Tensor]) -> torch.Tensor
 
 
 def split_outputs(flat: torch.Tensor, n_expression: int) -> Dict[str, torch.Tensor]:
-    """The output dict as views of a packed ``(N, 68*64*64 + 68*2 + n_expression + 2)`` buffer."""
+    """The output dict as views of a packed ``(N, [68*64*64 +] 68*2 + n_expression + 2)`` buffer."""
     n, k, points = flat.shape[0], n_expression, 68 * 2
-    return {"heatmap": flat[:, :-(k + 2 + points)].view(n, -1, 64, 64),
-            "landmarks": flat[:, -(k + 2 + points):-(k + 2)].view(n, -1, 2),
-            "expression": flat[:, -(k + 2):-2], "valence": flat[:, -2], "arousal": flat[:, -1]}
+    out = {"landmarks": flat[:, -(k + 2 + points):-(k + 2)].view(n, -1, 2),
+           "expression": flat[:, -(k + 2):-2], "valence": flat[:, -2], "arousal": flat[:, -1]}
+    if flat.shape[1] > k + 2 + points:
+        out = {"heatmap": flat[:, :-(k + 2 + points)].view(n, -1, 64, 64), **out}
+    return out
 
 
-def _whole_from_dict(out: Dict[str, torch.Tensor]) -> torch.Tensor:
-    return _pack(_heat_part(out["heatmap"]), out)
+def _whole_from_dict(out: Dict[str, torch.Tensor], heatmaps: bool = False) -> torch.Tensor:
+    return _pack((_heat_part if heatmaps else _landmark_part)(out["heatmap"]), out)
 
 
 def _whole(model: EmoNet, x: torch.Tensor) -> torch.Tensor:
     # Decoding and packing inside the compiled code: Inductor writes each result straight into the
     # packed buffer, and the landmark decoding is a few fused kernels instead of some forty.
     return _whole_from_dict(model(model_input(model, x)))
+
+
+def _whole_heatmaps(model: EmoNet, x: torch.Tensor) -> torch.Tensor:
+    return _whole_from_dict(model(model_input(model, x)), heatmaps=True)
 
 
 def _stem(model: EmoNet, x: torch.Tensor) -> torch.Tensor:
@@ -332,7 +343,8 @@ class StreamedForward:
     (:func:`split_outputs`).
     """
 
-    def __init__(self, model: EmoNet, device: torch.device, wrap=lambda fn, name, mark=None: fn) -> None:
+    def __init__(self, model: EmoNet, device: torch.device, wrap=lambda fn, name, mark=None: fn,
+                 heatmaps: bool = False) -> None:
         self.model = model
         self.depth = model.m0.depth
         cuda = device.type == "cuda"
@@ -340,7 +352,8 @@ class StreamedForward:
         self.stem, self.stack_tail, self.head = wrap(_stem, "stem"), wrap(_stack_tail, "tail"), wrap(_head, "head")
         self.block, self.pool_block = wrap(_block, "block"), wrap(_pool_block, "pool_block")
         self.block_merge = wrap(_block_merge, "block_merge")
-        self.heat_part, self.pack = wrap(_heat_part, "heat_part"), wrap(_pack, "pack")
+        self.heat_part = wrap(_heat_part, "heat_part") if heatmaps else wrap(_landmark_part, "landmark_part")
+        self.pack = wrap(_pack, "pack")
 
     def _level(self, hg: nn.Module, level: int, inp: torch.Tensor) -> torch.Tensor:
         skip = hg._modules[f"b1_{level}"]
@@ -428,11 +441,12 @@ class Engine:
 
         if self.config.compile == "aot":
             package = self._aot_package(net)
-            self._forward = lambda x: _whole_from_dict(package(x))
+            self._forward = lambda x: _whole_from_dict(package(x), self.config.heatmaps)
         else:
-            whole = wrap(_whole, "model", self._mark_batch)
+            whole = wrap(_whole_heatmaps if self.config.heatmaps else _whole, "model", self._mark_batch)
             self._forward = lambda x: whole(net, x)
-        self._streamed = StreamedForward(net, self.device, wrap) if self.config.streams else None
+        self._streamed = (StreamedForward(net, self.device, wrap, self.config.heatmaps) if self.config.streams
+                          else None)
         self._precompiled = [p for p in pieces if isinstance(p, precompile.Precompiled)]
         self._graphs: Dict[int, tuple] = {}  # batch size -> (graph, static input, static outputs)
         if self.config.warmup:
@@ -497,7 +511,7 @@ class Engine:
             device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
             c = self.config
             # Not the batch sizes: the compiled functions are specialised to those as they are called.
-            code = (c.precision, c.channels_last, c.fold_bn, c.compile, c.freeze, sorted(options.items()))
+            code = (c.precision, c.channels_last, c.fold_bn, c.compile, c.freeze, c.heatmaps, sorted(options.items()))
             folder = cache / "precompiled" / precompile.code_digest(device_name, code, *sources)
         # The whole-model graph and the streamed forward's pieces differ in their options (tune_kernels).
         piece_options = compile_options(self.config, self.device, "piece")
@@ -592,8 +606,9 @@ class Engine:
         return self._split(static_out[:n].clone())
 
     def __call__(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """EmoNet on ``(N, 3, 256, 256)`` uint8 crops: heatmaps, landmarks ``(N, 68, 2)`` in crop pixels
-        (decoded from the heatmaps, spec §5), expression logits, valence and arousal; float32."""
+        """EmoNet on ``(N, 3, 256, 256)`` uint8 crops: landmarks ``(N, 68, 2)`` in crop pixels (decoded
+        from the heatmaps, spec §5), expression logits, valence and arousal, and with
+        ``EngineConfig(heatmaps=True)`` the heatmaps ``(N, 68, 64, 64)``; float32."""
         if crops.ndim != 4 or tuple(crops.shape[1:]) != (3, 256, 256):
             raise ValueError(f"expected crops of shape (N, 3, 256, 256), got {tuple(crops.shape)}")
         if crops.shape[0] == 0:
@@ -604,7 +619,7 @@ class Engine:
         outs = [self._run_fixed(crops[i:i + largest]) for i in range(0, crops.shape[0], largest)]
         if len(outs) == 1:
             return outs[0]
-        return {k: torch.cat([o[k] for o in outs]) for k in OUTPUT_KEYS}
+        return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
 
     def warmup(self, dtype_in: torch.dtype = torch.uint8) -> float:
         """Run every configured batch size once so real frames do not pay autotuning; returns ms."""

@@ -111,15 +111,20 @@ def test_stack_ends_fused_into_one_product_with_relu_is_exact(reference_model, c
     assert fuse_stack_ends(own, inplace=True) is own and own.conv_last0 is None
 
 
-def test_eager_fp32_engine_equals_the_model(reference_model, crops):
-    engine = Engine(reference_model, "cpu", EngineConfig(warmup=False))
+@pytest.mark.parametrize("heatmaps", [False, True])
+def test_eager_fp32_engine_equals_the_model(reference_model, crops, heatmaps):
+    engine = Engine(reference_model, "cpu", EngineConfig(warmup=False, heatmaps=heatmaps))
     with torch.no_grad():
         ref = reference_model(crops.float() / 255)
     out = engine(crops)
-    for key in ref:
+    # The heatmaps only on request: no tool reads them, and they are 1.1 MB of float32 a crop.
+    assert set(out) == {"landmarks", "expression", "valence", "arousal"} | ({"heatmap"} if heatmaps else set())
+    for key in set(ref) & set(out):
         assert out[key].dtype == torch.float32
         assert torch.allclose(out[key], ref[key], rtol=1e-5, atol=1e-5), key
     np.testing.assert_array_equal(out["landmarks"].numpy(), decode_heatmaps(ref["heatmap"]))  # spec §5
+    assert engine(crops[:0])["landmarks"].shape == (0, 68, 2)
+    assert ("heatmap" in engine(crops[:0])) == heatmaps
 
 
 @pytest.mark.parametrize("config", [
@@ -155,13 +160,15 @@ def test_warmup_is_timed_and_reported(reference_model):
     assert "warm-up" in lines[0] and "paid once at load" in lines[0]
 
 
-def test_streamed_forward_equals_the_model_where_streams_are_absent(reference_model, crops):
+@pytest.mark.parametrize("heatmaps", [False, True])
+def test_streamed_forward_equals_the_model_where_streams_are_absent(reference_model, crops, heatmaps):
     # Without CUDA the pieces run in order: the split into stem, blocks, tails and head must lose nothing.
     with torch.no_grad():
         ref = reference_model(crops[:2].float() / 255)
-        out = split_outputs(StreamedForward(reference_model, torch.device("cpu"))(crops[:2].float() / 255),
-                            reference_model.n_expression)
-    for key in ref:
+        out = split_outputs(StreamedForward(reference_model, torch.device("cpu"), heatmaps=heatmaps)(
+            crops[:2].float() / 255), reference_model.n_expression)
+    assert ("heatmap" in out) == heatmaps
+    for key in set(ref) & set(out):
         assert torch.equal(out[key], ref[key]), key
     np.testing.assert_array_equal(out["landmarks"].numpy(), decode_heatmaps(ref["heatmap"]))
 
@@ -176,7 +183,7 @@ def test_side_streams_are_dropped_on_the_cpu(reference_model, capsys):
 def test_cuda_graph_mode_agrees_with_fp32(reference_model, streams):
     engine = Engine(reference_model, "cuda:0", EngineConfig(precision="fp16", channels_last=True,
                                                             fold_bn=True, cuda_graphs=True, streams=streams,
-                                                            batch_sizes=(1, 8, 16)))
+                                                            batch_sizes=(1, 8, 16), heatmaps=True))
     crops = real_face_crops(11)
     agreement = compare(engine, reference_model.to("cuda:0"), crops)
     assert agreement.ok, agreement.format()

@@ -4,6 +4,7 @@
     python docs/bench/engine_transform_ab.py pad_stem_input     # a fourth, zero input channel
     python docs/bench/engine_transform_ab.py pointwise_max_pools
     python docs/bench/engine_transform_ab.py coordinate_descent_tuning  # an option compile_options sets
+    python docs/bench/engine_transform_ab.py heatmaps   # an EngineConfig switch: "on" is True
 
 Builds four engines in one process: the whole-model graph at batch 256 (``compile-graph``) and the
 streamed graph at batch 1 (``compile-streams-graph``, the photo tool's), each with the transform ("on")
@@ -12,6 +13,7 @@ measures them interleaved, twice, so drift of the machine shows, and checks each
 32 real face crops. (The first runs, ``docs/bench/h100-tailfold.txt``, were made before
 ``pad_stem_input`` existed, as ``docs/bench/stack_tail_fold_ab.py``: this script with ``fold_stack_tails``.)
 """
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -28,20 +30,21 @@ from emonet.timing import time_calls  # noqa: E402
 name = sys.argv[1] if len(sys.argv) > 1 else "fold_stack_tails"
 dev = configure(RuntimeConfig(device="cuda", cudnn_benchmark=True))
 net = load_model("random", device="cpu")
-transform = getattr(engine_module, name, None)
+field = name in {f.name for f in dataclasses.fields(EngineConfig)}
+transform = None if field else getattr(engine_module, name, None)
 options = engine_module.compile_options
 engines = {}
 for fold in ("off", "on"):
-    if transform is None:  # an Inductor option that compile_options sets: forced off, or left as it is
+    if transform is not None:
+        setattr(engine_module, name, transform if fold == "on" else (lambda m, inplace=False: m))
+    elif not field:  # an Inductor option that compile_options sets: forced off, or left as it is
         engine_module.compile_options = (options if fold == "on" else
                                          lambda config, device, piece="model": {**options(config, device, piece), name: False})
-    else:
-        setattr(engine_module, name, transform if fold == "on" else (lambda m, inplace=False: m))
     for batch, streams in ((256, 0), (1, 8)):
         torch._dynamo.reset()
         config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="default",
                               streams=streams, cuda_graphs=True, batch_sizes=(batch,), precompile=False,
-                              cache_dir=f"/tmp/{name}-{fold}")
+                              cache_dir=f"/tmp/{name}-{fold}", **({name: fold == "on"} if field else {}))
         engines[(fold, batch)] = Engine(net, dev, config, log=lambda m: None)
         print(f"built {fold} batch {batch}: warm-up {engines[(fold, batch)].warmup_ms / 1e3:.1f} s", flush=True)
 if transform is not None:

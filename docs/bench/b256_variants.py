@@ -4,7 +4,10 @@ python docs/bench/b256_variants.py NAME BATCH [--profile] [--nograph]
 env: CUDNN_LIMIT=n (torch.backends.cudnn.benchmark_limit), IC="key=value,..." (inductor config),
 PATCH=1 (stem and hourglass outputs made .contiguous(channels_last) in the model code),
 NOPW=1 (the engine's force_pointwise_cat turned back off: the engine before the sixth session),
-STATIC=1 (EngineConfig(dynamic_batch=False): the graph specialised to BATCH)
+STATIC=1 (EngineConfig(dynamic_batch=False): the graph specialised to BATCH),
+SIZES=1,8,... (the engine's batch sizes, warmed up in that order; default BATCH alone), STREAMS=n,
+PRECOMPILE=1 (Dynamo's tracing saved and loaded, as the tools run), REAL=1 (real face crops, not noise).
+Also prints the throughput as ``python -m emonet.bench`` times it (``emonet.timing.time_calls``).
 """
 import json
 import os
@@ -16,6 +19,7 @@ import torch
 from emonet.checkpoints import load_model
 from emonet.engine import Engine, EngineConfig
 from emonet.runtime import RuntimeConfig, configure
+from emonet.timing import time_calls
 from replay_rounds import round_rates  # docs/bench, beside this script
 
 name, batch = sys.argv[1], int(sys.argv[2])
@@ -48,13 +52,21 @@ graphs = "--nograph" not in sys.argv
 t = time.perf_counter()
 engine = Engine(load_model("random", device="cpu"), dev,
                 EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="default",
-                             dynamic_batch=not os.environ.get("STATIC"), cuda_graphs=graphs, batch_sizes=(batch,), precompile=False,
+                             dynamic_batch=not os.environ.get("STATIC"), cuda_graphs=graphs,
+                             batch_sizes=tuple(int(b) for b in os.environ.get("SIZES", str(batch)).split(",")),
+                             streams=int(os.environ.get("STREAMS", "0")), precompile=bool(os.environ.get("PRECOMPILE")),
                              cache_dir=f"/tmp/cc-{name}"), log=lambda m: None)
 warm = time.perf_counter() - t
-x = torch.randint(0, 256, (batch, 3, 256, 256), dtype=torch.uint8, device=dev)
+if os.environ.get("REAL"):
+    from emonet.bench import real_face_crops
+    x = real_face_crops(batch).to(dev)
+else:
+    x = torch.randint(0, 256, (batch, 3, 256, 256), dtype=torch.uint8, device=dev)
 rates = round_rates(lambda: engine(x), batch)
+bench_loop = time_calls(lambda: engine(x), dev, 21, n_items=batch, warmup=21).throughput
 print(json.dumps({"variant": name, "batch": batch, "warmup_s": round(warm, 1),
                   "crops_per_s_median": round(rates[2]), "runs": [round(r) for r in rates],
+                  "bench_loop": round(bench_loop),
                   "peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20)}), flush=True)
 
 if "--profile" in sys.argv:

@@ -1,4 +1,5 @@
 import copy
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -195,6 +196,21 @@ def test_cuda_graph_mode_agrees_with_fp32(reference_model, streams):
             torch.testing.assert_close(alone[key], batched[key][3:4], rtol=0.02, atol=0.02, msg=key)
     # Landmarks decoded inside the graph are those of its own heatmaps.
     np.testing.assert_array_equal(batched["landmarks"].cpu().numpy(), decode_heatmaps(batched["heatmap"]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_graphs_sharing_one_pool_return_each_call_its_own_results(reference_model):
+    # The graphs of every batch size share one input buffer and one memory pool: a replay must not
+    # change results already returned, whatever order the batch sizes come in.
+    config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, cuda_graphs=True, batch_sizes=(1, 4, 16))
+    engine = Engine(reference_model, "cuda:0", config)
+    plain = Engine(reference_model, "cuda:0", replace(config, cuda_graphs=False, batch_sizes=(1, 4, 16)))
+    crops = real_face_crops(16).to("cuda:0")
+    results = [(n, engine(crops[:n])) for n in (16, 1, 5, 16, 4, 1, 3)]
+    for n, got in results:
+        want = plain(crops[:n])
+        for key in ("expression", "valence", "arousal"):
+            torch.testing.assert_close(got[key], want[key], rtol=0.02, atol=0.02, msg=f"{key}, batch {n}")
 
 
 def test_aot_mode_is_refused_on_cuda_where_it_crashed(reference_model, monkeypatch):

@@ -637,15 +637,10 @@ class Engine:
     def warmup(self, dtype_in: torch.dtype = torch.uint8) -> float:
         """Run every configured batch size once so real frames do not pay autotuning; returns ms."""
         t0 = time.perf_counter()
-        # Largest first: the graphs share one memory pool, and a smaller graph's buffers can be cut out
-        # of a larger one's freed blocks, not the other way round.
-        for batch in sorted(self.config.batch_sizes, reverse=True):
+        for batch in self.config.batch_sizes:
             self(torch.zeros(batch, 3, 256, 256, dtype=dtype_in, device=self.device))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            # The uncaptured runs before each capture left their activations cached outside the graphs'
-            # pool (gigabytes at batch 256); nothing else will use them.
-            torch.cuda.empty_cache()
         self.warmup_ms = (time.perf_counter() - t0) * 1e3
         paid = [name for name, on in (("cuDNN autotuning", self.device.type == "cuda"),
                                       ("compilation", self._compiled),

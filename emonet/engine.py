@@ -9,6 +9,8 @@ stack's last 1x1 convolution, BN and ReLU as one matrix product, :func:`fuse_sta
 feeds them, :func:`pointwise_max_pools`), and CUDA graphs for fixed batch sizes (a smaller
 batch is padded up to the next captured size). A warm-up at load time pays cuDNN autotuning,
 compilation and graph capture before the first real frame, and its cost is reported on its own.
+It returns what the tools report (landmarks decoded on the device, expression logits, valence and
+arousal); the heatmaps those landmarks come from only with ``EngineConfig(heatmaps=True)``.
 """
 from __future__ import annotations
 
@@ -451,7 +453,7 @@ class Engine:
         self._graphs: Dict[tuple, tuple] = {}  # (batch size, input dtype) -> (graph, static input, static outputs)
         self._static_inputs: Dict[torch.dtype, torch.Tensor] = {}
         self._graph_pool = None
-        self._share_graph_memory = True  # False: a pool per graph (docs/bench/graph_memory.py compares)
+        self._share_graph_memory = False  # True: one pool for every graph (docs/bench/graph_memory.py compares)
         if self.config.warmup:
             self.warmup()
 
@@ -575,11 +577,10 @@ class Engine:
             return self._split(self._call_model(self._prepare(crops)))
 
     def _capture(self, batch: int, dtype_in: torch.dtype) -> tuple:
-        # Every graph reads the front of one input buffer and allocates from one memory pool: they
-        # replay one at a time, on one stream, and each result is copied out right after its replay
-        # (_run_fixed), so no graph's output or intermediates are needed once another graph runs.
-        # Separate pools held each batch size's intermediates apart (H100, batch sizes 1 to 512:
-        # 20 GB held by the allocator in docs/bench/h100-run21-b512.md).
+        # Every graph reads the front of one input buffer: they replay one at a time, on one stream.
+        # For the same reason they could share one memory pool (each result is copied out right after
+        # its replay), but captured smallest first that held no less (docs/bench/graph_memory.py,
+        # docs/PERFORMANCE.md), so each graph keeps its own unless _share_graph_memory is set.
         if dtype_in not in self._static_inputs:
             self._static_inputs[dtype_in] = torch.zeros(max(self.config.batch_sizes), 3, 256, 256,
                                                         device=self.device, dtype=dtype_in)

@@ -65,7 +65,8 @@ class RowWriter:
         self.fields = ["frame", "timestamp", "face_id", "detected", "score", "x1", "y1", "x2", "y2", "expression",
                        *[f"p_{c}" for c in self.class_names], "valence", "arousal"]
         if landmarks:
-            self.fields += [f"{axis}{i}" for i in range(68) for axis in ("x", "y")]
+            # Not "x1", "y1", ...: those name the box's corners.
+            self.fields += [f"lm{i}_{axis}" for i in range(68) for axis in ("x", "y")]
         self.csv = self.jsonl = None
         if csv_path:
             fh = self._open(csv_path)
@@ -90,7 +91,7 @@ class RowWriter:
                       *np.round(face.box, 2).tolist(), self.class_names[face.expression],
                       *np.round(face.probabilities, 5).tolist(), round(face.valence, 5), round(face.arousal, 5)]
             if self.landmarks:
-                values += np.round(face.landmarks, 2).ravel().tolist()  # x0, y0, x1, y1, ...
+                values += np.round(face.landmarks, 2).ravel().tolist()  # lm0_x, lm0_y, lm1_x, ...
             self._write(dict(zip(self.fields, values)))
 
     def _write(self, row: dict) -> None:

@@ -61,7 +61,10 @@ def test_video_csv_jsonl_and_stable_ids(clip, tmp_path):
     assert len(with_face) == 20 and {r["face_id"] for r in with_face} == {"0"}
     assert all(r["face_id"] == "" and r["valence"] == "" for r in rows[20:])  # "no face", not "not processed"
     assert rows[0]["detected"] == "1" and float(rows[1]["timestamp"]) == pytest.approx(0.04)
-    assert "x67" in rows[0] and rows[0]["x67"] != ""
+    header = next(csv.reader((tmp_path / "f.csv").open()))
+    assert len(header) == len(set(header)) == 20 + 136  # landmark columns never shadow the box's x1..y2
+    assert rows[0]["lm67_y"] != ""
+    assert float(rows[0]["x1"]) < float(rows[0]["x2"]) and float(rows[0]["y1"]) < float(rows[0]["y2"])
     lines = [json.loads(line) for line in (tmp_path / "f.jsonl").open()]
     assert len(lines) == 25 and lines[0]["face_id"] == 0 and lines[24]["face_id"] is None
     assert "frames/s end to end" in out.stderr and "emonet" in out.stderr and "first call" in out.stderr

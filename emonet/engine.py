@@ -32,6 +32,7 @@ from .models import EmoNet
 from .models.emonet import Conv1x1ReLU, MaxPool2x2
 from .runtime import RuntimeConfig
 
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs EmoNet. ``EngineConfig()`` is the plain eager fp32 model."""

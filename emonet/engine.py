@@ -14,13 +14,14 @@ arousal); the heatmaps those landmarks come from only with ``EngineConfig(heatma
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +47,10 @@ class EngineConfig:
     batch_sizes: Sequence[int] = (1,)       # captured (graphs) or warmed-up batch sizes; larger input is chunked
     dynamic_batch: bool = True              # compile: one graph for every batch > 1 (False: one per batch size)
     streams: int = 0                        # batches up to this size run the hourglass skip branches on side CUDA streams
+    # With side streams, cuDNN's autotuned kernels ran batch 1 slower than its heuristic picks (H100: 0.99
+    # against 0.91 ms) and autotuning cost warm starts 2-3 s; the large batches keep autotuning.
+    autotune_streamed: bool = False         # True: cudnn.benchmark decides for the streamed batches too
+    share_graph_pool: bool = True           # CUDA graphs: one memory pool for all, captured largest first
     warmup: bool = True
     tune_kernels: bool = False              # compile: tune the whole-model graph's Triton kernels on the device
     heatmaps: bool = False                  # also return the 68 heatmaps (N, 68, 64, 64); landmarks always
@@ -68,10 +73,12 @@ class EngineConfig:
                 parts.append("static")
             if not self.precompile:
                 parts.append("retrace")
+        if self.streams and self.autotune_streamed:
+            parts.append("autotuned-streams")
         if self.heatmaps:
             parts.append("heatmaps")
         if self.cuda_graphs:
-            parts.append("graph")
+            parts.append("graph" if self.share_graph_pool else "graph-pools")
         return "+".join(parts)
 
 
@@ -335,6 +342,17 @@ def _block_merge(block: nn.Module, x: torch.Tensor, up: torch.Tensor) -> torch.T
     return up + F.interpolate(block(x), scale_factor=2, mode="nearest")
 
 
+@contextlib.contextmanager
+def _no_cudnn_autotuning() -> Iterator[None]:
+    """``torch.backends.cudnn.benchmark`` off inside, as it was after."""
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
 class StreamedForward:
     """EmoNet's forward with each hourglass level's skip branch (``b1_L``) on a CUDA stream of its own.
 
@@ -454,7 +472,7 @@ class Engine:
         self._graphs: Dict[tuple, tuple] = {}  # (batch size, input dtype) -> (graph, static input, static outputs)
         self._static_inputs: Dict[torch.dtype, torch.Tensor] = {}
         self._graph_pool = None
-        self._share_graph_memory = False  # True: one pool for every graph (docs/bench/graph_memory.py compares)
+        self._capture_stream: Optional[torch.cuda.Stream] = None
         if self.config.warmup:
             self.warmup()
 
@@ -570,7 +588,10 @@ class Engine:
     def _call_model(self, x: torch.Tensor) -> torch.Tensor:
         """The packed outputs (:func:`split_outputs`) of the model on prepared input."""
         if self._streamed is not None and x.shape[0] <= self.config.streams:
-            return self._streamed(x)
+            if self.config.autotune_streamed:
+                return self._streamed(x)
+            with _no_cudnn_autotuning():  # the kernels chosen here are the ones the graph keeps
+                return self._streamed(x)
         return self._forward(x)
 
     def _run_eager(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
@@ -578,19 +599,23 @@ class Engine:
             return self._split(self._call_model(self._prepare(crops)))
 
     def _capture(self, batch: int, dtype_in: torch.dtype) -> tuple:
-        # Every graph reads the front of one input buffer: they replay one at a time, on one stream.
-        # For the same reason they could share one memory pool (each result is copied out right after
-        # its replay), but captured smallest first that held no less (docs/bench/graph_memory.py,
-        # docs/PERFORMANCE.md), so each graph keeps its own unless _share_graph_memory is set.
+        # Every graph reads the front of one input buffer, and with share_graph_pool allocates from one
+        # memory pool: they replay one at a time, on one stream, and each result is copied out right
+        # after its replay, so a graph may reuse what another's intermediates used. Captured largest
+        # first (warmup), the smaller graphs fit in the largest one's memory (docs/PERFORMANCE.md).
         if dtype_in not in self._static_inputs:
             self._static_inputs[dtype_in] = torch.zeros(max(self.config.batch_sizes), 3, 256, 256,
                                                         device=self.device, dtype=dtype_in)
         static_in = self._static_inputs[dtype_in][:batch]
-        if self._graph_pool is None and self._share_graph_memory:
+        if self._graph_pool is None and self.config.share_graph_pool:
             self._graph_pool = torch.cuda.graph_pool_handle()
         # A high-priority capture stream: with side streams, the critical path gets the SMs first
         # (measured on an H100 at batch 1: 0.980 against 0.991 ms; no change without side streams).
-        stream = torch.cuda.Stream(self.device, priority=-1)
+        # One for every graph: cuBLAS keeps a workspace per stream it runs on (32 MiB on Hopper), and
+        # a stream per batch size held 7 of them, 224 MB (docs/bench/warm_start.py).
+        if self._capture_stream is None:
+            self._capture_stream = torch.cuda.Stream(self.device, priority=-1)
+        stream = self._capture_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream), torch.inference_mode():
             for _ in range(2):  # autotuning and compilation happen here, outside the capture
@@ -639,7 +664,7 @@ class Engine:
     def warmup(self, dtype_in: torch.dtype = torch.uint8) -> float:
         """Run every configured batch size once so real frames do not pay autotuning; returns ms."""
         t0 = time.perf_counter()
-        for batch in self.config.batch_sizes:
+        for batch in sorted(self.config.batch_sizes, reverse=True):  # largest first: see _capture
             self(torch.zeros(batch, 3, 256, 256, dtype=dtype_in, device=self.device))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -1,5 +1,6 @@
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,12 @@ def test_a_report_only_run_saves_its_markdown_where_asked(tmp_path):
     text = report.read_text()
     assert text.startswith("Crops from a 1280x720 frame on cpu") and "| 16 |" in text
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_process_age_counts_from_the_process_start():
+    # A warm start is timed from the process's start, not from when the bench module was imported.
+    code = "import time; time.sleep(0.5); from emonet.bench import process_age; print(process_age())"
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    wall = time.perf_counter() - t
+    assert 0.48 <= float(out) <= wall + 0.02  # /proc counts in 10 ms steps

@@ -1,4 +1,6 @@
 import copy
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -199,10 +201,12 @@ def test_cuda_graph_mode_agrees_with_fp32(reference_model, streams):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_graphs_sharing_one_pool_return_each_call_its_own_results(reference_model):
-    # The graphs of every batch size share one input buffer and one memory pool: a replay must not
-    # change results already returned, whatever order the batch sizes come in.
-    config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, cuda_graphs=True, batch_sizes=(1, 4, 16))
+@pytest.mark.parametrize("shared,streams", [(True, 0), (True, 8), (False, 0)])
+def test_graphs_sharing_memory_return_each_call_its_own_results(reference_model, shared, streams):
+    # The graphs of every batch size read one input buffer and (shared) allocate from one pool: a
+    # replay must not change results already returned, whatever order the batch sizes come in.
+    config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, cuda_graphs=True, batch_sizes=(1, 4, 16),
+                          streams=streams, share_graph_pool=shared)
     engine = Engine(reference_model, "cuda:0", config)
     plain = Engine(reference_model, "cuda:0", replace(config, cuda_graphs=False))
     crops = real_face_crops(16).to("cuda:0")
@@ -211,6 +215,45 @@ def test_graphs_sharing_one_pool_return_each_call_its_own_results(reference_mode
         want = plain(crops[:n])
         for key in ("expression", "valence", "arousal"):
             torch.testing.assert_close(got[key], want[key], rtol=0.02, atol=0.02, msg=f"{key}, batch {n}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_graphs_for_many_batch_sizes_hold_no_more_than_one_graph_does(reference_dir):
+    # cuBLAS keeps a workspace (32 MiB on Hopper) for each stream it runs on, for the life of the
+    # process; graphs captured on a stream per batch size held one each. A fresh process, so that no
+    # earlier engine's streams have workspaces already.
+    code = """if True:
+        import sys, torch, emonet
+        from dataclasses import replace
+        from emonet.engine import Engine, EngineConfig
+        model = emonet.load_model(sys.argv[1], device="cpu")
+        config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, cuda_graphs=True)
+        held = []
+        for sizes in ((16,), (1, 2, 4, 8, 16)):
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            engine = Engine(model, "cuda:0", replace(config, batch_sizes=sizes), log=lambda m: None)
+            torch.cuda.synchronize()
+            held.append(torch.cuda.memory_allocated() - before)
+            del engine
+        print(held[1] - held[0])
+    """
+    proc = subprocess.run([sys.executable, "-c", code, str(reference_dir / "emonet8_reference.pth")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    more = int(proc.stdout.split()[-1])
+    assert more < 8 * 2**20, f"graphs for 5 batch sizes held {more / 2**20:.0f} MiB more than one graph"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_streamed_batches_can_skip_cudnn_autotuning(reference_model):
+    torch.backends.cudnn.benchmark = True
+    config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, cuda_graphs=True, streams=8,
+                          batch_sizes=(1, 8, 16), autotune_streamed=False)
+    engine = Engine(reference_model, "cuda:0", config)
+    assert torch.backends.cudnn.benchmark is True  # switched off only while the small batches warmed up
+    agreement = compare(engine, reference_model.to("cuda:0"), real_face_crops(11))
+    assert agreement.ok, agreement.format()
 
 
 def test_aot_mode_is_refused_on_cuda_where_it_crashed(reference_model, monkeypatch):

@@ -7,6 +7,8 @@ sizes 1 to 512, then reports what the caching allocator holds (``memory_reserved
 allocated over 50 batch-1 calls, as ``python -m emonet.bench`` measures it. It then calls the engine
 at every batch size in a scrambled order and compares each result with the same model run without
 graphs (``max_diff``): with a shared pool a graph's replay must not overwrite a result already returned.
+Since the tenth session the engine captures its graphs largest first (``Engine.warmup``), and a shared
+pool is its default (``EngineConfig.share_graph_pool``).
 """
 import json
 import os
@@ -25,9 +27,7 @@ preset = sys.argv[2] if len(sys.argv) > 2 else "fast"
 sizes = (1, 8, 32, 128, 256, 512)
 dev = configure(RuntimeConfig(device="cuda", cudnn_benchmark=True))
 engine = Engine(load_model("random", device="cpu"), dev,
-                replace(PRESETS[preset], batch_sizes=sizes, warmup=False), log=lambda m: None)
-engine._share_graph_memory = variant == "shared"
-engine.warmup()
+                replace(PRESETS[preset], batch_sizes=sizes, share_graph_pool=variant == "shared"), log=lambda m: None)
 crop = real_face_crops(1).to(dev)
 torch.cuda.synchronize()
 torch.cuda.reset_peak_memory_stats(dev)

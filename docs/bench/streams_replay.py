@@ -3,7 +3,9 @@
 Usage (on a GPU, from the repository root): python docs/bench/streams_replay.py CACHE_DIR LABEL
 Output of the third session on an H100: docs/bench/h100-streams-replay.txt
 """
-import sys, time, torch
+import sys
+
+import torch
 from emonet.checkpoints import load_model
 from emonet.engine import Engine, EngineConfig
 from emonet.runtime import RuntimeConfig, configure

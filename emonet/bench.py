@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     import torch
 
 
-
 def process_age() -> float:
     """Seconds since this process started, the interpreter's own start-up included (Linux's /proc, in
     10 ms steps); elsewhere, since this module was imported."""

@@ -588,9 +588,8 @@ class Engine:
     def _call_model(self, x: torch.Tensor) -> torch.Tensor:
         """The packed outputs (:func:`split_outputs`) of the model on prepared input."""
         if self._streamed is not None and x.shape[0] <= self.config.streams:
-            if self.config.autotune_streamed:
-                return self._streamed(x)
-            with _no_cudnn_autotuning():  # the kernels chosen here are the ones the graph keeps
+            # The kernels chosen here (at warm-up) are the ones the graph keeps.
+            with contextlib.nullcontext() if self.config.autotune_streamed else _no_cudnn_autotuning():
                 return self._streamed(x)
         return self._forward(x)
 

@@ -246,8 +246,8 @@ def test_graphs_for_many_batch_sizes_hold_no_more_than_one_graph_does(reference_
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_streamed_batches_can_skip_cudnn_autotuning(reference_model):
-    torch.backends.cudnn.benchmark = True
+def test_streamed_batches_can_skip_cudnn_autotuning(reference_model, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)  # as the tools set it; restored after the test
     config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, cuda_graphs=True, streams=8,
                           batch_sizes=(1, 8, 16), autotune_streamed=False)
     engine = Engine(reference_model, "cuda:0", config)

@@ -6,13 +6,17 @@ Builds the engine (preset ``compiled`` unless PRESET says otherwise) without its
 warms it one batch size at a time, timing each step with the GPU synchronised: the first eager call
 (loading the saved compiled code, cuDNN autotuning) and the graph's capture (two more runs, the capture,
 one replay). Then the first real batch-1 call, the batch-1 median over 300 calls, the throughput at
-batch 256 and 512, what the allocator holds and where its allocated bytes live (weights, the graphs'
+batch 8, 256 and 512 (those configured), what the allocator holds and where its allocated bytes live (weights, the graphs'
 input buffer, their outputs, the rest by memory pool). Run it once to fill CACHE_DIR, then again for a
 warm start. Knobs (environment): BENCHMARK=0 turns cudnn.benchmark off; AUTOTUNE_STREAMED=1 turns it on
 for the small batches of the streamed path too (``EngineConfig.autotune_streamed``, off since the tenth
 session; it was on in warm_start.sh's runs); SHARE_POOL=0 gives each graph a memory pool of its own; EMPTY_CACHE=1
 hands the allocator's unused cache back after the warm-up; cuDNN's own variables
-(TORCH_CUDNN_USE_HEURISTIC_MODE_B) pass through. PROFILE=FILE writes a cProfile of the warm-up there.
+(TORCH_CUDNN_USE_HEURISTIC_MODE_B) pass through. PROFILE=FILE writes a cProfile of the warm-up there (and
+the raw stats to FILE.prof). Eleventh session: WARMUP=engine runs the engine's own ``warmup()`` instead of
+the step-by-step one (no per-size steps then; its log line is kept); CUDNN_LIMIT=N sets
+``torch.backends.cudnn.benchmark_limit``. (OVERLAP, PRETUNE and DYNAMIC_BLOCKS drove engine options
+that were tried and not kept: docs/PERFORMANCE.md, eleventh session.)
 """
 import os
 import time
@@ -53,8 +57,11 @@ t = time.perf_counter()
 config = replace(PRESETS[preset], batch_sizes=sizes, warmup=False, cache_dir=cache,
                  autotune_streamed=os.environ.get("AUTOTUNE_STREAMED", "0") == "1",
                  share_graph_pool=os.environ.get("SHARE_POOL", "1") == "1")
+if os.environ.get("CUDNN_LIMIT"):  # cuDNN algorithms timed per convolution (PyTorch's default: 10)
+    torch.backends.cudnn.benchmark_limit = int(os.environ["CUDNN_LIMIT"])
 r["engine"] = config.name
-engine = Engine(load_model("random", device="cpu"), dev, config, log=lambda m: None)
+log = []
+engine = Engine(load_model("random", device="cpu"), dev, config, log=log.append)
 sync()
 r["build_s"] = time.perf_counter() - t
 
@@ -65,7 +72,7 @@ if os.environ.get("PROFILE"):
     profiler = cProfile.Profile()
     profiler.enable()
 t_warm = time.perf_counter()
-for b in sorted(sizes, reverse=True):  # the engine's own order (Engine.warmup)
+for b in [] if os.environ.get("WARMUP") == "engine" else sorted(sizes, reverse=True):  # Engine.warmup's order
     x = torch.zeros(b, 3, 256, 256, dtype=torch.uint8, device=dev)
     t = time.perf_counter()
     with torch.inference_mode():
@@ -77,6 +84,9 @@ for b in sorted(sizes, reverse=True):  # the engine's own order (Engine.warmup)
     sync()
     steps[b] = {"first_call_s": round(first, 3), "capture_s": round(time.perf_counter() - t, 3)}
     del x
+if os.environ.get("WARMUP") == "engine":
+    engine.warmup()
+    r["engine_log"] = log[-1]
 r["warmup_s"] = time.perf_counter() - t_warm
 if profiler is not None:
     import io
@@ -88,6 +98,7 @@ if profiler is not None:
     stats.sort_stats("tottime").print_stats(30)
     with open(os.environ["PROFILE"], "w") as fh:
         fh.write(text.getvalue())
+    stats.dump_stats(os.environ["PROFILE"] + ".prof")
 r["steps"] = steps
 r["precompiled"] = engine.precompiled
 if r["empty_cache"]:
@@ -138,7 +149,7 @@ with idle.measure(1):
     engine(crop)
 r["call_after_idle_ms"] = idle.summary().first_ms
 r["throughput"] = {}
-for b in (256, 512):
+for b in (8, 256, 512):
     if b in sizes:
         x = real_face_crops(b).to(dev)
         r["throughput"][b] = round(time_calls(lambda: engine(x), dev, 21, n_items=b, warmup=21).throughput)

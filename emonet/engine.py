@@ -495,7 +495,8 @@ class Engine:
             notes.append("this GPU has no bf16; using fp16")
         if config.compile == "aot" and cuda and not os.environ.get("EMONET_ALLOW_AOT_CUDA"):
             # Seen 2026-11-22 on an H100 with torch 2.11+cu130: the package built, then loading it
-            # segfaulted inside torch's aoti_load_package. A crash cannot be caught, so refuse up front.
+            # segfaulted inside torch's aoti_load_package, a two-convolution network's too
+            # (docs/bench/aoti_check.py). A crash cannot be caught, so refuse up front.
             raise ValueError("compile='aot' is disabled on CUDA: loading the AOTInductor package crashed torch "
                              "2.11 (docs/PERFORMANCE.md); use compile='default', or set EMONET_ALLOW_AOT_CUDA=1 "
                              "to try it on another torch")

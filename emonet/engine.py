@@ -345,6 +345,8 @@ def _block_merge(block: nn.Module, x: torch.Tensor, up: torch.Tensor) -> torch.T
 @contextlib.contextmanager
 def _no_cudnn_autotuning() -> Iterator[None]:
     """``torch.backends.cudnn.benchmark`` off inside, as it was after."""
+    # Not torch.backends.cudnn.flags(benchmark=False): it also resets enabled, deterministic and
+    # allow_tf32 to its own defaults, which would undo the runtime's deterministic mode.
     before = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = False
     try:

@@ -557,6 +557,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     import torch
     if args.device is None:
         args.device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    from .runtime import DeviceError, select_device
+    try:  # here, so a device this machine lacks is one line, not a failure in every mode's process
+        select_device(args.device, quiet=True)
+    except DeviceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     cpu = args.device == "cpu"
     args.batch_sizes = args.batch_sizes or _batch_sizes("8" if args.quick or cpu else "8,32,128,256")
     args.iters = args.iters or (3 if args.quick else (10 if cpu else 200))

@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--video", "missing.mp4"], "missing.mp4: no such video file"),
     (["--batch-sizes", "8,x"], "expected positive whole numbers separated by commas"),
     (["--profile", "compile-graph:x"], "positive whole batch size"),
+    (["--device", "cuda:7"], "device cuda:7"),  # no GPU, or no eighth one
+    (["--device", "banana"], "unknown device 'banana'"),
 ])
 def test_bad_arguments_fail_fast_with_one_line(args, message):
     out = subprocess.run([sys.executable, "-m", "emonet.bench", "--device", "cpu", "--quick", *args],

@@ -17,7 +17,10 @@ import torch
 from torch import nn
 
 faulthandler.enable()
-which, step, folder = sys.argv[1], sys.argv[2], sys.argv[3]
+if len(sys.argv) != 4 or sys.argv[1] not in ("small", "emonet") or sys.argv[2] not in ("build", "load"):
+    sys.exit("usage: python docs/bench/aoti_check.py small|emonet build|load DIR")
+which, step, folder = sys.argv[1:]
+os.makedirs(folder, exist_ok=True)
 dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 t0 = time.perf_counter()
 if which == "small":

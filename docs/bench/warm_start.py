@@ -6,8 +6,8 @@ Builds the engine (preset ``compiled`` unless PRESET says otherwise) without its
 warms it one batch size at a time, timing each step with the GPU synchronised: the first eager call
 (loading the saved compiled code, cuDNN autotuning) and the graph's capture (two more runs, the capture,
 one replay). Then the first real batch-1 call, the batch-1 median over 300 calls, the throughput at
-batch 8, 256 and 512 (those configured), what the allocator holds and where its allocated bytes live (weights, the graphs'
-input buffer, their outputs, the rest by memory pool). Run it once to fill CACHE_DIR, then again for a
+batch 8, 256 and 512 (those configured), what the allocator holds and where its allocated bytes live
+(weights, the graphs' input buffer, their outputs, the rest by memory pool). Run it once to fill CACHE_DIR, then again for a
 warm start. Knobs (environment): BENCHMARK=0 turns cudnn.benchmark off; AUTOTUNE_STREAMED=1 turns it on
 for the small batches of the streamed path too (``EngineConfig.autotune_streamed``, off since the tenth
 session; it was on in warm_start.sh's runs); SHARE_POOL=0 gives each graph a memory pool of its own; EMPTY_CACHE=1
@@ -38,6 +38,8 @@ from emonet.runtime import RuntimeConfig, configure  # noqa: E402
 from emonet.timing import LatencyTimer, time_calls  # noqa: E402
 
 r["import_emonet_s"] = time.perf_counter() - t - r["import_torch_s"]
+if len(sys.argv) not in (2, 3) or not all(s.isdigit() and int(s) > 0 for s in (sys.argv[2:] or ["1"])[0].split(",")):
+    sys.exit("usage: python docs/bench/warm_start.py CACHE_DIR [SIZES, e.g. 1,8,32]")
 r["interpreter_s"] = round(process_age() - (time.perf_counter() - T0), 3)  # before this script's first line
 cache = sys.argv[1]
 sizes = tuple(int(s) for s in (sys.argv[2] if len(sys.argv) > 2 else "1,8,32,128,256,512").split(","))

@@ -4,14 +4,16 @@ from setuptools import find_packages, setup
 
 setup(
     name="emonet",
-    version="0.1.0",
+    version="0.2.0",
     description="Facial expression, valence, arousal and landmarks from faces in photos, videos and "
                 "datasets with EmoNet (Toisoul et al., Nature Machine Intelligence 2021)",
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["emonet", "emonet.*"]),
-    include_package_data=True,
+    # The BlazeFace detector's weights (1 MB, Apache-2.0) ship with the package, with their notices.
+    package_data={"emonet.detection": ["blazeface.pth", "NOTICE.blazeface", "LICENSE.blazeface"],
+                  "emonet.bench": ["astronaut.jpg"]},
     install_requires=[
         "torch>=2.1",
         "opencv-python>=4.5",
@@ -20,5 +22,11 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={"test": ["pytest>=7"]},
+    entry_points={"console_scripts": [
+        "emonet-photo = emonet.apps.photo:main",
+        "emonet-video = emonet.apps.video:main",
+        "emonet-eval = emonet.apps.evaluate:main",
+        "emonet-bench = emonet.bench.run:main",
+    ]},
     license="MIT (code); the released EmoNet weights are CC BY-NC-ND 4.0",
 )

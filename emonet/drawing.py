@@ -6,7 +6,7 @@ from typing import Optional, Sequence
 import cv2
 import numpy as np
 
-from .pipeline import Face
+from .results import FaceResult
 
 # One colour per expression class (RGB), stable across images and videos.
 PALETTE = [(200, 200, 200), (80, 220, 80), (70, 120, 255), (255, 210, 0), (190, 90, 255),
@@ -80,7 +80,7 @@ def draw_circumplex(img: np.ndarray, center: tuple[int, int], radius: int, valen
     _circumplex_point(img, center, radius, valence, arousal, color, trail)
 
 
-def draw_face(img: np.ndarray, face: Face, class_names: Sequence[str], label: Optional[str] = None,
+def draw_face(img: np.ndarray, face: FaceResult, class_names: Sequence[str], label: Optional[str] = None,
               landmarks: bool = True) -> None:
     """Box, '<expression> <p>' label, valence/arousal line, landmarks and a circumplex beside the box."""
     color = _color(face.expression)
@@ -113,7 +113,7 @@ def draw_banner(img: np.ndarray, text: str) -> None:
     _text(img, text, (6, h - 8), fs, (255, 255, 255))
 
 
-def annotate(image: np.ndarray, faces: Sequence[Face], class_names: Sequence[str],
+def annotate(image: np.ndarray, faces: Sequence[FaceResult], class_names: Sequence[str],
              banner: Optional[str] = None, labels: Optional[Sequence[str]] = None) -> np.ndarray:
     """A copy of ``image`` (RGB) with every face drawn; ``labels`` name the faces (default #0, #1, ...)."""
     out = image.copy()

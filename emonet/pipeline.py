@@ -1,65 +1,153 @@
-"""Frames -> faces -> predictions: detect every face, crop it as EmoNet was trained, run the batch, map back.
+"""One path for every face: images -> detect -> crops -> engine -> :class:`~emonet.results.FaceResult`.
 
-The same pipeline serves photos and video frames. All faces of all images in one call go through the
-engine as one batch.
+Photos, video frames and dataset images all go through :class:`Pipeline`. A face is first *planned*
+(:class:`PlannedFace`: which image, which id, the box and score as they are at that moment, and the crop
+matrix), then every planned face of a batch of images is cropped and run through the engine in one call
+(:meth:`Pipeline.launch`), and :meth:`Pipeline.collect` turns the outputs into results: the one place
+where that happens. :class:`VideoPipeline` adds tracking, which decides which frames are re-detected and
+where faces are cropped in between; it plans from a snapshot of each track, so a row always carries its
+own frame's box and score, whatever the batch size.
 """
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
 
 import cv2
 import numpy as np
 import torch
 
-from .detection import FaceDetector, WholeImageDetector
+from .detection import FaceDetector
+from .detection.whole import WholeImageDetector
 from .engine import Engine
-from .geometry import CROP_SIZE, box_to_matrix, crop_faces, crop_to_image, landmarks_box, to_tensor
+from .geometry import CROP_SIZE, box_to_matrix, crop_frames, crop_to_image, landmarks_box, to_tensor
+from .results import FaceResult
+from .tracking import Tracker
+
+
+@dataclass(frozen=True)
+class PlannedFace:
+    """A face to read: its image (index in the batch), id, box and score as planned, and its crop."""
+
+    image: int                      # index of the image in the batch handed to launch
+    frame: int                      # index recorded in the result (photo number, frame number)
+    face_id: int
+    box: Optional[np.ndarray]       # x1, y1, x2, y2; None: the result's box is its own landmarks' box
+    score: float
+    detected: bool
+    matrix: np.ndarray              # image -> crop affine
 
 
 @dataclass
-class Face:
-    """One face: where it is, and what EmoNet reads from it."""
+class Pending:
+    """Planned faces whose engine outputs are on their way back (one copy, waited for in collect)."""
 
-    box: np.ndarray                 # x1, y1, x2, y2 in image pixels (the detector's, or the refined one)
-    score: float                    # detection score
-    expression: int                 # arg-max class index
-    probabilities: np.ndarray       # softmax over the classes
-    valence: float                  # clamped to [-1, 1]
-    arousal: float                  # clamped to [-1, 1]
-    landmarks: np.ndarray           # (68, 2) x, y in image pixels
-    matrix: np.ndarray = field(repr=False)   # image -> crop affine used for the final prediction
-    raw: np.ndarray = field(repr=False, default=None)  # logits, valence, arousal before clamping
+    faces: list[PlannedFace]
+    outputs: Optional[torch.Tensor] = None   # per face: logits, valence, arousal, 68 x 2 landmarks (crop px)
+    done: Optional["torch.cuda.Event"] = None
 
-    def top(self, class_names: Sequence[str], k: int = 3) -> list[tuple[str, float]]:
-        """The k most probable classes with their probabilities."""
-        order = np.argsort(-self.probabilities)[:k]
-        return [(class_names[i], float(self.probabilities[i])) for i in order]
+
+Smoother = Callable[[np.ndarray], np.ndarray]
 
 
 class Pipeline:
-    """``pipeline(images)`` -> per image, a list of :class:`Face` (RGB uint8 images in)."""
+    """``pipeline(images)`` -> per image, a list of :class:`FaceResult` (RGB uint8 ``(H, W, 3)`` images in)."""
 
     def __init__(self, engine: Engine, detector: FaceDetector, refine: bool = False,
                  max_faces: Optional[int] = None) -> None:
         self.engine = engine
         self.detector = detector
-        self.refine = refine and not isinstance(detector, WholeImageDetector)
+        self.whole_image = isinstance(detector, WholeImageDetector)
+        self.refine = refine and not self.whole_image
         self.max_faces = max_faces
 
-    def crops(self, image: np.ndarray, matrices: Sequence[np.ndarray]) -> torch.Tensor:
-        """The face crops of one image, ``(k, 3, 256, 256)`` uint8 on the engine's device."""
-        if isinstance(self.detector, WholeImageDetector):
-            # Exactly the released demo's preprocessing: the whole image resized to 256x256.
-            return to_tensor(cv2.resize(image, (CROP_SIZE, CROP_SIZE))[None])
-        return crop_faces(image, matrices, self.engine.device)
+    # -- the steps ---------------------------------------------------------------------------
+    def plan(self, images: Sequence[np.ndarray], detections: Sequence[np.ndarray],
+             frames: Optional[Sequence[int]] = None) -> list[PlannedFace]:
+        """Every detected face of every image, cropped by the detector's convention; ids are per-image indices."""
+        planned = []
+        for i, (image, dets) in enumerate(zip(images, detections)):
+            for k, det in enumerate(dets[: self.max_faces] if self.max_faces else dets):
+                box = np.asarray(det[:4], dtype=np.float64)
+                planned.append(PlannedFace(i, frames[i] if frames is not None else i, k, box, float(det[4]), True,
+                                           self.detector.crop_matrix(box, image.shape)))
+        return planned
 
-    def _predict(self, images, matrices_per_image) -> dict[str, torch.Tensor]:
-        crops = [self.crops(img, mats) for img, mats in zip(images, matrices_per_image) if len(mats)]
-        batch = torch.cat(crops) if crops else torch.zeros(0, 3, CROP_SIZE, CROP_SIZE, dtype=torch.uint8)
-        return self.engine(batch)
+    def crops(self, images: Sequence, faces: Sequence[PlannedFace]) -> torch.Tensor:
+        """The planned faces' ``(N, 3, 256, 256)`` uint8 crops on the engine's device (images: arrays or
+        ``(H, W, 3)`` tensors already there)."""
+        if self.whole_image:
+            # Exactly the released demo's preprocessing: the whole image resized to 256x256.
+            resized = [cv2.resize(np.asarray(images[f.image]), (CROP_SIZE, CROP_SIZE)) for f in faces]
+            return to_tensor(np.stack(resized)) if resized else torch.zeros(0, 3, CROP_SIZE, CROP_SIZE,
+                                                                             dtype=torch.uint8)
+        return crop_frames(images, [(f.image, f.matrix) for f in faces], self.engine.device)
+
+    def launch(self, images: Sequence, faces: list[PlannedFace]) -> Pending:
+        """Crop the planned faces and queue them through the engine; the outputs come back without waiting."""
+        pending = Pending(faces)
+        if not faces:
+            return pending
+        out = self.engine(self.crops(images, faces))
+        # Every output leaves the device in one copy (landmarks decoded there).
+        packed = torch.cat([out["expression"], out["valence"][:, None], out["arousal"][:, None],
+                            out["landmarks"].flatten(1)], dim=1)
+        if packed.device.type == "cuda":
+            pending.outputs = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            pending.outputs.copy_(packed, non_blocking=True)
+            pending.done = torch.cuda.Event()
+            pending.done.record()
+        else:
+            pending.outputs = packed
+        return pending
+
+    def collect(self, pending: Pending, smoothers: Optional[Sequence[Optional[Smoother]]] = None) -> list[FaceResult]:
+        """The planned faces' results, in order: the one place network outputs become results.
+
+        ``smoothers`` (one per face, or None) map a face's raw ``logits, valence, arousal`` to the values
+        reported (video smoothing, spec §6); the landmarks are never smoothed.
+        """
+        if not pending.faces:
+            return []
+        if pending.done is not None:
+            pending.done.synchronize()
+        outputs = pending.outputs.numpy().astype(np.float64)
+        n = self.engine.n_expression
+        landmarks = crop_to_image([f.matrix for f in pending.faces], outputs[:, n + 2:].reshape(len(outputs), -1, 2))
+        results = []
+        for k, face in enumerate(pending.faces):
+            raw = outputs[k, :n + 2]
+            smooth = smoothers[k] if smoothers is not None else None
+            values = smooth(raw) if smooth is not None else raw
+            probs = np.exp(values[:n] - values[:n].max())
+            probs /= probs.sum()
+            results.append(FaceResult(
+                frame=face.frame, face_id=face.face_id,
+                box=face.box if face.box is not None else landmarks_box(landmarks[k]),
+                score=face.score, detected=face.detected, expression=int(probs.argmax()), probabilities=probs,
+                valence=float(np.clip(values[n], -1, 1)), arousal=float(np.clip(values[n + 1], -1, 1)),
+                landmarks=landmarks[k], matrix=face.matrix))
+        return results
+
+    # -- photos and dataset images ---------------------------------------------------------------
+    def __call__(self, images: Sequence[np.ndarray], boxes: Optional[Sequence[np.ndarray]] = None,
+                 frames: Optional[Sequence[int]] = None) -> list[list[FaceResult]]:
+        """Faces of each image; ``boxes`` (per image ``(k, 5)``) skips detection when given."""
+        detections = list(boxes) if boxes is not None else self.detector.detect(images)
+        planned = self.plan(images, detections, frames)
+        results = self.collect(self.launch(images, planned))
+        if self.refine and results:
+            # Second pass: re-crop from EmoNet's own landmarks with the training convention (spec §5); the
+            # box reported is then the landmarks' box.
+            planned = [PlannedFace(f.image, f.frame, f.face_id, None, f.score, f.detected,
+                                   box_to_matrix(landmarks_box(r.landmarks))) for f, r in zip(planned, results)]
+            results = self.collect(self.launch(images, planned))
+        per_image: list[list[FaceResult]] = [[] for _ in images]
+        for face, result in zip(planned, results):
+            per_image[face.image].append(result)
+        return per_image
 
     def warmup(self, shape: tuple = (720, 1280, 3)) -> float:
         """On a GPU, run detection, cropping, EmoNet and landmark decoding once on a blank ``shape`` image.
@@ -79,42 +167,111 @@ class Pipeline:
         print(f"pipeline warm-up (detector autotuning, first kernels): {seconds:.2f} s", file=sys.stderr)
         return seconds
 
-    def __call__(self, images: Sequence[np.ndarray],
-                 boxes: Optional[Sequence[np.ndarray]] = None) -> list[list[Face]]:
-        """Faces of each image; ``boxes`` (per image ``(k, 5)``) skips detection when given."""
-        detections = list(boxes) if boxes is not None else self.detector.detect(images)
-        if self.max_faces:
-            detections = [d[: self.max_faces] for d in detections]
-        matrices = [[self.detector.crop_matrix(b[:4], img.shape) for b in dets]
-                    for img, dets in zip(images, detections)]
-        out = self._predict(images, matrices)
-        flat = [m for mats in matrices for m in mats]
-        landmarks = crop_to_image(flat, out["landmarks"].cpu().numpy())
-        if self.refine and flat:
-            # Second pass: re-crop from EmoNet's own landmarks with the training convention (spec §5).
-            refined = [box_to_matrix(landmarks_box(p)) for p in landmarks]
-            it = iter(refined)
-            matrices = [[next(it) for _ in mats] for mats in matrices]
-            flat = refined
-            out = self._predict(images, matrices)
-            landmarks = crop_to_image(flat, out["landmarks"].cpu().numpy())
-        return self._faces(out, detections, matrices, landmarks)
 
-    def _faces(self, out, detections, matrices, landmarks) -> list[list[Face]]:
-        n = self.engine.n_expression
-        probs = torch.softmax(out["expression"], dim=1).cpu().numpy()
-        logits = out["expression"].cpu().numpy()
-        val, aro = out["valence"].cpu().numpy(), out["arousal"].cpu().numpy()
-        results, k = [], 0
-        for dets, mats in zip(detections, matrices):
-            faces = []
-            for det, m in zip(dets, mats):
-                box = landmarks_box(landmarks[k]) if self.refine else np.asarray(det[:4], dtype=np.float64)
-                faces.append(Face(
-                    box=box, score=float(det[4]), expression=int(probs[k].argmax()),
-                    probabilities=probs[k], valence=float(np.clip(val[k], -1, 1)),
-                    arousal=float(np.clip(aro[k], -1, 1)), landmarks=landmarks[k], matrix=m,
-                    raw=np.concatenate([logits[k, :n], [val[k], aro[k]]])))
-                k += 1
-            results.append(faces)
-        return results
+@dataclass
+class PendingChunk:
+    """A chunk of video frames whose faces are planned and queued (see :class:`VideoPipeline`)."""
+
+    frames: list                    # emonet.io.video.Frame
+    pending: Pending
+    tracks: list                    # the Track of each planned face
+
+
+class VideoPipeline:
+    """Frames in chunks -> per frame, its faces' results, with tracking between detections.
+
+    The detector runs on every ``detect_every``-th frame, and on the next frame whenever a face was lost;
+    faces are tracked with stable ids (:class:`~emonet.tracking.Tracker`), and between detections each
+    face is cropped from its last landmarks by the training convention. Within a chunk, a frame between
+    detections takes the landmarks of the last chunk's frames (a trade of crop freshness for batching:
+    ``batch_size=1`` uses the previous frame's); detected frames are the same at any chunk size.
+
+    Three steps a chunk, so that on a GPU the next chunk's detection runs while this one's results are
+    read: :meth:`detect` (queue the detector), :meth:`launch` (track, plan, crop, queue EmoNet),
+    :meth:`finish` (collect the results, smooth, update the tracks).
+    """
+
+    def __init__(self, pipeline: Pipeline, detect_every: int = 5, smooth: bool = True,
+                 tracker: Optional[Tracker] = None) -> None:
+        self.pipeline = pipeline
+        self.engine, self.detector = pipeline.engine, pipeline.detector
+        self.detect_every = detect_every
+        self.smooth = smooth
+        self.tracker = tracker or Tracker()
+        self.need_detection = True
+        self.since_detection = 0
+        # The detector gets a stream of its own: a chunk's detection then runs beside, and waits for
+        # nothing of, the previous chunk's EmoNet work; high priority, so its few small kernels get the
+        # SMs as EmoNet's blocks finish instead of queueing behind all of them.
+        gpu = self.engine.device.type == "cuda"
+        self.det_stream = torch.cuda.Stream(self.engine.device, priority=-1) if gpu else None
+
+    def _launch_detector(self, frames: list):
+        if self.det_stream is None:
+            return self.detector.launch([f.image for f in frames])
+        with torch.cuda.stream(self.det_stream):
+            return self.detector.launch([f.on_device(self.engine.device, self.det_stream) for f in frames])
+
+    def detect(self, chunk: list) -> tuple[list[bool], object]:
+        """Decide which frames of the chunk run the detector, and queue it on them (``launch`` collects)."""
+        flags = []
+        for _ in chunk:
+            is_det = self.need_detection or self.since_detection >= self.detect_every - 1
+            flags.append(is_det)
+            self.since_detection = 0 if is_det else self.since_detection + 1
+            self.need_detection = False
+        picked = [f for f, d in zip(chunk, flags) if d]
+        return flags, (self._launch_detector(picked) if picked else None)
+
+    def launch(self, chunk: list, flags: list[bool], handle) -> PendingChunk:
+        """Track and plan every frame of the chunk, crop, and queue EmoNet (without waiting for it)."""
+        boxes = self.detector.collect(handle) if handle is not None else []
+        if self.need_detection:  # the previous chunk lost a face after this one's detection was planned
+            if not flags[0]:
+                flags[0] = True
+                boxes.insert(0, self.detector.collect(self._launch_detector(chunk[:1]))[0])
+            self.need_detection = False
+        detections = iter(boxes)
+        planned, tracks = [], []
+        max_faces = self.pipeline.max_faces
+        for i, (frame, is_det) in enumerate(zip(chunk, flags)):
+            if is_det:
+                dets = next(detections)
+                for track in self.tracker.update(dets[:max_faces] if max_faces else dets):
+                    box = track.box.copy()  # a snapshot: a later frame of the chunk moves the track on
+                    planned.append(PlannedFace(i, frame.index, track.id, box, track.score, True,
+                                               self.detector.crop_matrix(box, frame.shape)))
+                    tracks.append(track)
+            else:
+                for track in self.tracker.active:
+                    # From the last landmarks or, where the detector saw the face later (earlier in this
+                    # chunk), from its box: whichever is newer.
+                    matrix = track.crop_matrix()
+                    if matrix is None:
+                        matrix = self.detector.crop_matrix(track.box, frame.shape)
+                    planned.append(PlannedFace(i, frame.index, track.id, None, track.score, False, matrix))
+                    tracks.append(track)
+        if self.det_stream is not None and planned:  # uploaded once (by the reader), shared with the detector
+            stream = torch.cuda.current_stream(self.engine.device)
+            pixels = [f.on_device(self.engine.device, stream) for f in chunk]
+        else:
+            pixels = [f.image for f in chunk]
+        return PendingChunk(chunk, self.pipeline.launch(pixels, planned), tracks)
+
+    def finish(self, chunk: PendingChunk) -> list[list[FaceResult]]:
+        """Per frame of the chunk, its faces' results; the tracks take their landmarks for the next crops."""
+        smoothers = [t.smoother for t in chunk.tracks] if self.smooth else None
+        results = self.pipeline.collect(chunk.pending, smoothers)
+        per_frame: list[list[FaceResult]] = [[] for _ in chunk.frames]
+        for face, result, track in zip(chunk.pending.faces, results, chunk.tracks):
+            track.set_landmarks(result.landmarks)
+            h, w = chunk.frames[face.image].shape[:2]
+            if not result.detected:
+                track.box = result.box
+            x1, y1, x2, y2 = result.box
+            if x2 < 0 or y2 < 0 or x1 > w or y1 > h or (x2 - x1) < 8:
+                self.need_detection = True  # the face left the frame or collapsed: look again
+            per_frame[face.image].append(result)
+        if any(not faces for faces in per_frame):
+            self.need_detection = True
+        return per_frame

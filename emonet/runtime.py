@@ -13,7 +13,6 @@ from typing import Optional, Union
 
 import numpy as np
 import torch
-from torch import nn
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 _DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -31,7 +30,6 @@ class RuntimeConfig:
     cudnn_benchmark: bool = True          # autotune convolutions: the first call of a new shape pays for it
     deterministic: bool = False           # bit-reproducible results; turns cudnn_benchmark off
     precision: str = "fp32"               # fp32 | tf32 | fp16 | bf16
-    channels_last: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -95,26 +93,11 @@ def configure(config: RuntimeConfig) -> torch.device:
     return device
 
 
-def prepare_model(model: nn.Module, config: RuntimeConfig, device: torch.device) -> nn.Module:
-    """Move ``model`` to ``device`` in the configured dtype and memory format, in eval mode."""
-    model = model.to(device=device, dtype=config.dtype)
-    if config.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    return model.eval()
-
-
-def prepare_input(x: torch.Tensor, config: RuntimeConfig, device: torch.device) -> torch.Tensor:
-    """Cast a float batch to the model's device, dtype and memory format."""
-    x = x.to(device=device, dtype=config.dtype, non_blocking=True)
-    if config.channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
-    return x
-
-
 def describe(config: RuntimeConfig, device: torch.device) -> str:
     """One line saying how the network runs, for the tools' headers."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    if device.type != "cuda":
+        mode = ", deterministic" if config.deterministic else ""
+        return f"cpu ({torch.get_num_threads()} threads){mode}, torch {torch.__version__}"
     mode = "deterministic" if config.deterministic else (
-        "cudnn.benchmark on" if config.cudnn_benchmark else "cudnn.benchmark off")
-    layout = ", channels_last" if config.channels_last else ""
-    return f"{device} ({name}), {config.precision}{layout}, {mode}, torch {torch.__version__}"
+        "cuDNN autotuning on" if config.cudnn_benchmark else "cuDNN autotuning off")
+    return f"{device} ({torch.cuda.get_device_name(device)}), {mode}, torch {torch.__version__}"

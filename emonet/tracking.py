@@ -6,7 +6,6 @@ face is not dragged towards zero as the released model's zero-initialised buffer
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -56,7 +55,6 @@ class Track:
     det_box: Optional[np.ndarray] = None  # latest detector box
     landmarks: Optional[np.ndarray] = None
     smoother: Smoother = field(default_factory=Smoother)
-    trail: deque = field(default_factory=lambda: deque(maxlen=30))  # (valence, arousal) history
     missed: int = 0                       # detection frames in a row without a match
     detected_since: bool = True           # the detector saw it after its last landmarks were read
 

@@ -2,10 +2,13 @@
 import pickle
 from pathlib import Path
 
+
 import cv2
 import numpy as np
 
-PHOTO = Path(__file__).parent / "data" / "astronaut.jpg"
+from emonet.bench.run import SAMPLE_PHOTO
+
+PHOTO = SAMPLE_PHOTO
 
 # (expression, valence, arousal, expression_correct): 7 kept for 8 classes, 5 for 5 classes.
 ENTRIES = [

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from emonet.classes import EXPRESSIONS_8
-from emonet.datasets import AFFECTNET_5_MAP, DatasetError, affectnet, csv_dataset, keep_affectnet, safe_load_pickle
+from emonet.evaluation.datasets import AFFECTNET_5_MAP, DatasetError, affectnet, csv_dataset, keep_affectnet, safe_load_pickle
 from tests.affectnet_fixture import make_affectnet
 
 

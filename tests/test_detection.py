@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from emonet.detection import (BlazeFaceDetector, DetectorError, WholeImageDetector, create_detector,
-                              decode_blazeface, weighted_nms)
-from emonet.images import read_image
+from emonet.bench.run import SAMPLE_PHOTO
+from emonet.detection import DetectorError, create_detector
+from emonet.detection.blazeface import BlazeFaceDetector, _anchors, decode_blazeface, weighted_nms
+from emonet.detection.whole import WholeImageDetector
+from emonet.io.images import read_image
 
-DATA = Path(__file__).parent / "data"
 FACE = np.array([175, 70, 275, 185])  # the astronaut's face, checked by eye
 
 
@@ -24,7 +25,7 @@ def iou(a, b):
 
 @pytest.fixture(scope="module")
 def photo():
-    return read_image(DATA / "astronaut.jpg")
+    return read_image(SAMPLE_PHOTO)
 
 
 @pytest.fixture(scope="module")
@@ -122,10 +123,10 @@ def test_numpy_decoding_and_nms_equal_face_alignments_own(detector, photo):
     shift[..., 2:4] = 0
     noisy_boxes = raw_boxes + torch.from_numpy(shift)
     noisy_scores = raw_scores + torch.from_numpy(rng.normal(0, 4, raw_scores.shape).astype(np.float32))
-    net = detector.net
+    net, anchors = detector.net, _anchors()
     for boxes, scores in ((raw_boxes, raw_scores), (noisy_boxes, noisy_scores)):
-        theirs = net._tensors_to_detections(boxes, scores, net.anchors)
-        ours = decode_blazeface(net, boxes.numpy(), scores.numpy(), net.anchors.numpy())
+        theirs = net._tensors_to_detections(boxes, scores, anchors)
+        ours = decode_blazeface(net, boxes.numpy(), scores.numpy(), detector.anchors)
         for t, o in zip(theirs, ours):
             np.testing.assert_allclose(o, t.numpy(), rtol=1e-5, atol=1e-5)
             faces_theirs = net._weighted_non_max_suppression(t)

@@ -11,15 +11,11 @@ import torch.nn.functional as F
 import emonet
 from emonet.bench import real_face_crops
 from emonet.geometry import decode_heatmaps
-from emonet.engine import (Engine, EngineConfig, StreamedForward, compare, compile_options, fold_batchnorm,
+from emonet.engine import (Engine, EngineConfig, StreamedForward, compare, engine_net, fold_batchnorm,
                            fold_stack_tails, fuse_stack_ends, model_input, pad_stem_input, pointwise_max_pools,
                            split_outputs)
-from emonet.models.emonet import Conv1x1ReLU, MaxPool2x2
-
-
-@pytest.fixture(scope="module")
-def reference_model(reference_dir):
-    return emonet.load_model(reference_dir / "emonet8_reference.pth", device="cpu")
+from emonet.engine.compile import compile_options
+from emonet.engine.transforms import Conv1x1ReLU, MaxPool2x2
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +53,7 @@ def test_folding_the_stack_tails_and_head_input_is_exact(reference_model, crops,
         assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-5), key
     on_meta = fold_stack_tails(copy.deepcopy(model).to("meta"))  # the engine folds models on the GPU too
     assert on_meta.tail0.weight.device.type == "meta" and on_meta.head_x.bias.device.type == "meta"
-    own = copy.deepcopy(model)
+    own = engine_net(model)
     assert fold_stack_tails(own, inplace=True) is own and own.l0 is None  # how the engine folds its one copy
 
 
@@ -70,7 +66,7 @@ def test_padding_the_stem_input_to_four_channels_is_exact(reference_model, crops
         a, b = reference_model(crops.float() / 255), padded(x)
     for key in a:
         assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-5), key
-    own = copy.deepcopy(reference_model)
+    own = engine_net(reference_model)
     assert pad_stem_input(own, inplace=True) is own and own.conv1.in_channels == 4
 
 
@@ -93,7 +89,7 @@ def test_max_pools_swapped_for_the_pointwise_form_is_exact(reference_model, crop
         a, b = reference_model(x), pooled(x)
     for key in a:
         assert torch.equal(a[key], b[key]), key
-    own = copy.deepcopy(reference_model)
+    own = engine_net(reference_model)
     assert pointwise_max_pools(own, inplace=True) is own and isinstance(own.stem_pool, MaxPool2x2)
 
 
@@ -110,7 +106,7 @@ def test_stack_ends_fused_into_one_product_with_relu_is_exact(reference_model, c
             a, b = model(x), fused(x)
         for key in a:
             assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-5), key
-    own = copy.deepcopy(reference_model)
+    own = engine_net(reference_model)
     assert fuse_stack_ends(own, inplace=True) is own and own.conv_last0 is None
 
 
@@ -218,7 +214,7 @@ def test_graphs_sharing_memory_return_each_call_its_own_results(reference_model,
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_graphs_for_many_batch_sizes_hold_no_more_than_one_graph_does(reference_dir):
+def test_graphs_for_many_batch_sizes_hold_no_more_than_one_graph_does(parity_checkpoint):
     # cuBLAS keeps a workspace (32 MiB on Hopper) for each stream it runs on, for the life of the
     # process; graphs captured on a stream per batch size held one each. A fresh process, so that no
     # earlier engine's streams have workspaces already.
@@ -238,22 +234,11 @@ def test_graphs_for_many_batch_sizes_hold_no_more_than_one_graph_does(reference_
             del engine
         print(held[1] - held[0])
     """
-    proc = subprocess.run([sys.executable, "-c", code, str(reference_dir / "emonet8_reference.pth")],
+    proc = subprocess.run([sys.executable, "-c", code, str(parity_checkpoint)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     more = int(proc.stdout.split()[-1])
     assert more < 8 * 2**20, f"graphs for 5 batch sizes held {more / 2**20:.0f} MiB more than one graph"
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_streamed_batches_can_skip_cudnn_autotuning(reference_model, monkeypatch):
-    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)  # as the tools set it; restored after the test
-    config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, cuda_graphs=True, streams=8,
-                          batch_sizes=(1, 8, 16), autotune_streamed=False)
-    engine = Engine(reference_model, "cuda:0", config)
-    assert torch.backends.cudnn.benchmark is True  # switched off only while the small batches warmed up
-    agreement = compare(engine, reference_model.to("cuda:0"), real_face_crops(11))
-    assert agreement.ok, agreement.format()
 
 
 def test_aot_mode_is_refused_on_cuda_where_it_crashed(reference_model, monkeypatch):

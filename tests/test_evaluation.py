@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from emonet.evaluation import PUBLISHED, published_table
+from emonet.bench.run import SAMPLE_PHOTO
+from emonet.evaluation.loop import PUBLISHED, published_table
 from tests.affectnet_fixture import make_affectnet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +101,7 @@ def test_missing_images_stop_the_run_unless_skipped(affectnet_root, ckpt_dir, tm
 
 
 def test_csv_dataset_with_detector_and_partial_labels(ckpt_dir, tmp_path):
-    photo = ROOT / "tests" / "data" / "astronaut.jpg"
+    photo = SAMPLE_PHOTO
     (tmp_path / "labels.csv").write_text(f"path,valence\n{photo},0.4\n{photo},-0.1\n")
     run = evaluate("--dataset", "csv", "--csv", tmp_path / "labels.csv", "--weights", ckpt_dir / "emonet_8.pth",
                    "--device", "cpu", "--workers", "0", "--report", tmp_path / "r.json")

@@ -2,7 +2,7 @@ import cv2
 import numpy as np
 import pytest
 
-from emonet.images import InputError, check_writable_dir, collect_images, read_image, write_image
+from emonet.io.images import InputError, check_writable_dir, collect_images, read_image, write_image
 
 
 def test_grayscale_rgba_and_16_bit_images_decode_to_rgb(tmp_path):

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from emonet.metrics import ccc, classification_metrics, evaluate_predictions, pcc, rmse, sagr
+from emonet.evaluation.metrics import ccc, classification_metrics, evaluate_predictions, pcc, rmse, sagr
 
 Y = [0.5, -0.2, 0.1, -0.8]
 P = [0.4, 0.1, 0.3, -1.5]  # the last is clipped to -1 first

@@ -53,3 +53,19 @@ def test_no_hard_coded_cuda_in_the_package():
     import emonet
     sources = Path(emonet.__file__).parent.rglob("*.py")
     assert not [p for p in sources if ".cuda()" in p.read_text()]
+
+
+@pytest.mark.parametrize("n", [8, 5])
+def test_outputs_match_the_released_model_on_the_compact_reference(parity, n):
+    # Weights rebuilt from the compact reference's seed; its outputs are the released model's.
+    model, inputs, expected = parity(n)
+    with torch.no_grad():
+        out = model(inputs.float() / 255)
+    for key in ("expression", "valence", "arousal"):
+        rel = (out[key] - expected[key]).norm() / expected[key].norm()
+        assert rel < 1e-5, (key, float(rel))
+    heat = out["heatmap"]
+    subset = heat[:, expected["heatmap_channels"]]
+    assert ((subset - expected["heatmap_subset"]).norm() / expected["heatmap_subset"].norm()) < 1e-5
+    assert torch.equal(heat.flatten(2).argmax(2), expected["heatmap_argmax"])
+    torch.testing.assert_close(heat.sum((2, 3)), expected["heatmap_channel_sums"], rtol=1e-4, atol=1e-3)

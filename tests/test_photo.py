@@ -9,14 +9,16 @@ import numpy as np
 import pytest
 import torch
 
+from emonet.bench.run import SAMPLE_PHOTO
 import emonet
-from emonet.detection import BlazeFaceDetector, WholeImageDetector
+from emonet.detection.blazeface import BlazeFaceDetector
+from emonet.detection.whole import WholeImageDetector
 from emonet.engine import Engine, EngineConfig
-from emonet.images import read_image
+from emonet.io.images import read_image
 from emonet.pipeline import Pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
-PHOTO = ROOT / "tests" / "data" / "astronaut.jpg"
+PHOTO = SAMPLE_PHOTO
 
 
 def demo(*args, cwd=None):
@@ -93,8 +95,8 @@ def test_help_explains_the_options():
 
 
 @pytest.fixture(scope="module")
-def engine(reference_dir):
-    model = emonet.load_model(reference_dir / "emonet8_reference.pth", device="cpu")
+def engine(reference_model):
+    model = reference_model
     return model, Engine(model, "cpu", EngineConfig(warmup=False))
 
 
@@ -106,9 +108,9 @@ def test_detector_none_reproduces_the_released_demo_preprocessing(engine):
     x = torch.Tensor(cv2.resize(image, (256, 256))).permute(2, 0, 1).unsqueeze(0) / 255.0
     with torch.no_grad():
         ref = model(x)
-    assert np.allclose(face.raw[:8], ref["expression"][0].numpy(), atol=1e-6)
-    assert face.raw[8] == pytest.approx(ref["valence"].item(), abs=1e-6)
-    assert face.raw[9] == pytest.approx(ref["arousal"].item(), abs=1e-6)
+    assert np.allclose(face.probabilities, torch.softmax(ref["expression"][0], 0).numpy(), atol=1e-6)
+    assert face.valence == pytest.approx(float(ref["valence"].clamp(-1, 1)), abs=1e-6)
+    assert face.arousal == pytest.approx(float(ref["arousal"].clamp(-1, 1)), abs=1e-6)
 
 
 def test_refine_recrops_from_the_landmarks(engine):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from emonet import precompile
+from emonet.engine import precompile
 
 pytestmark = pytest.mark.skipif(not precompile.available(), reason="this torch has no precompile API")
 
@@ -55,7 +55,7 @@ def test_a_second_process_loads_the_compiled_function_instead_of_compiling(tmp_p
     script = textwrap.dedent(f"""
         import sys, torch
         sys.path.insert(0, {str(ROOT)!r})
-        from emonet import precompile
+        from emonet.engine import precompile
         from tests.test_precompile import blocks, run_block  # the module name pytest gives it: guards check types
         a, _ = blocks(2)
         with torch.inference_mode():

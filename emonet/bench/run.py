@@ -1,0 +1,669 @@
+"""``python -m emonet.bench``: the released way of running EmoNet against each engine mode, side by side.
+
+Every mode runs in fresh processes: once with empty on-disk caches (what a first-time user pays) and
+once again with the caches the first run left (what every later start pays). Each process reports
+start-up, warm-up, first-call latency, steady-state batch-1 latency (CUDA events), throughput at
+several batch sizes, peak GPU memory, and whether its outputs agree with fp32 eager on real face crops.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    import torch
+
+# A real photo with one face (NASA, public domain; also scikit-image's "astronaut"), shipped with the package.
+SAMPLE_PHOTO = Path(__file__).resolve().parent / "astronaut.jpg"
+
+
+def process_age() -> float:
+    """Seconds since this process started, the interpreter's own start-up included (Linux's /proc, in
+    10 ms steps); where there is no /proc, 0."""
+    try:
+        with open("/proc/self/stat") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
+def process_start() -> float:
+    """The process's start on ``time.perf_counter``'s clock: warm starts count from it."""
+    return time.perf_counter() - process_age()
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way of running the network."""
+
+    name: str
+    description: str
+    engine: dict = field(default_factory=dict)   # EngineConfig fields
+    cudnn_benchmark: bool = True
+    deterministic: bool = False
+    compiled: bool = False
+
+
+MODES = [
+    Mode("released", "released way: eager fp32, cudnn.benchmark off", {}, cudnn_benchmark=False),
+    Mode("released+bench", "eager fp32, cudnn.benchmark on", {}),
+    Mode("released+determ", "eager fp32, deterministic mode", {}, deterministic=True),
+    Mode("tf32", "eager tf32, cudnn.benchmark on", {"precision": "tf32"}),
+    Mode("fp16-eager", "eager fp16, channels_last, folded", {"precision": "fp16", "channels_last": True,
+                                                               "fold_bn": True}),
+    Mode("fp32-eager", "eager fp32, channels_last, folded", {"channels_last": True, "fold_bn": True}),
+    Mode("bf16-eager", "eager bf16, channels_last, folded", {"precision": "bf16", "channels_last": True,
+                                                               "fold_bn": True}),
+    Mode("fp16-graph", "fp16, channels_last, folded, CUDA graphs",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "cuda_graphs": True}),
+    Mode("fp16-graph-nobench", "fp16-graph with cudnn.benchmark off",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "cuda_graphs": True},
+         cudnn_benchmark=False),
+    Mode("fp16-graph-determ", "fp16-graph in deterministic mode",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "cuda_graphs": True}, deterministic=True),
+    Mode("compile-graph", "torch.compile (default) fp16, channels_last, CUDA graphs",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default",
+          "cuda_graphs": True}, compiled=True),
+    Mode("compile-static-graph", "compile-graph with one specialised graph per batch size",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default",
+          "dynamic_batch": False, "cuda_graphs": True}, compiled=True),
+    Mode("compile-streams-graph", "compile-graph, hourglass skip branches on side CUDA streams up to batch 8",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default", "streams": 8,
+          "cuda_graphs": True}, compiled=True),
+    Mode("compile-tuned-streams-graph", "compile-streams-graph, the whole-model graph's Triton kernels tuned on the "
+                                        "device (engine preset 'tuned')",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default", "streams": 8,
+          "cuda_graphs": True, "tune_kernels": True}, compiled=True),
+    Mode("compile-streams-graph-retrace", "compile-streams-graph without saved tracing: Dynamo traces at every start",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default", "streams": 8,
+          "cuda_graphs": True, "precompile": False}, compiled=True),
+    Mode("compile-freeze-graph", "compile-graph with inductor freezing (no on-disk graph cache)",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "default", "freeze": True,
+          "cuda_graphs": True}, compiled=True),
+    Mode("aot-graph", "AOTInductor package fp16, channels_last, CUDA graphs (no tracing at start; "
+                      "needs EMONET_ALLOW_AOT_CUDA=1 on CUDA)",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "aot", "cuda_graphs": True},
+         compiled=True),
+    Mode("max-autotune-graph", "torch.compile max-autotune fp16, channels_last, CUDA graphs",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "compile": "max-autotune",
+          "cuda_graphs": True}, compiled=True),
+]
+GPU_DEFAULT = ["released", "released+bench", "released+determ", "tf32", "fp16-eager", "bf16-eager",
+               "fp16-graph", "fp16-graph-nobench", "fp16-graph-determ", "compile-graph"]
+CPU_DEFAULT = ["released", "fp32-eager", "bf16-eager"]
+
+
+def real_face_crops(n: int = 16) -> "torch.Tensor":
+    """``n`` real 256x256 face crops (uint8): the test photo's face with small shifts, zooms and flips."""
+    import cv2
+    import numpy as np
+    from ..geometry import box_to_matrix, to_tensor, warp_crops
+
+    photo = SAMPLE_PHOTO
+    image = cv2.imread(str(photo))
+    if image is None:
+        raise FileNotFoundError(f"test photo not found: {photo}")
+    image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+    rng = np.random.default_rng(0)
+    box = np.array([175.0, 70.0, 275.0, 185.0])  # the astronaut's face (hand-checked)
+    mats = [box_to_matrix(box + rng.normal(0, 4, 4)) for _ in range(n)]
+    crops = warp_crops(image, mats)
+    crops[1::2] = crops[1::2, :, ::-1]
+    return to_tensor(crops)
+
+
+# -- one mode, in this process ----------------------------------------------------------------
+
+def run_child(args: argparse.Namespace) -> dict:
+    """Measure one mode in this (fresh) process and return the numbers."""
+    import torch
+    from ..models.weights import load_model
+    from ..engine import Engine, EngineConfig, compare
+    from ..runtime import RuntimeConfig, configure
+    from ..timing import LatencyTimer, time_calls
+
+    t0 = process_start()
+    mode = next(m for m in MODES if m.name == args.child)
+    result: dict = {"mode": mode.name, "description": mode.description}
+    device = configure(RuntimeConfig(device=args.device, cudnn_benchmark=mode.cudnn_benchmark,
+                                     deterministic=mode.deterministic))
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    result["import_s"] = time.perf_counter() - t0
+
+    t = time.perf_counter()
+    model = load_model(args.weights, n_expression=args.nclasses, device="cpu")
+    batch_sizes = sorted(set([1] + args.batch_sizes))
+    config = EngineConfig(**mode.engine, batch_sizes=tuple(batch_sizes), warmup=args.warmup and
+                          bool(mode.engine), cache_dir=args.cache_dir)
+    engine = Engine(model, device, config, log=lambda msg: None)
+    sync()
+    result["load_s"] = time.perf_counter() - t
+    result["warmup_s"] = (engine.warmup_ms or 0.0) / 1e3
+    result["engine"] = engine.config.name
+    result["precompiled"] = engine.precompiled  # on a warm start: all loaded, none compiled
+    if mode.compiled and mode.engine.get("compile") != "aot":
+        from torch._dynamo.utils import compile_times
+        result["compile_times"] = compile_times(repr="str")  # where a warm start's seconds go
+
+    crop = real_face_crops(1).to(device)
+    sync()
+    timer = LatencyTimer(device)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    with timer.measure(1):
+        engine(crop)
+    sync()
+    result["time_to_first_result_s"] = time.perf_counter() - t0
+    for _ in range(args.iters):
+        with timer.measure(1):
+            engine(crop)
+    s = timer.summary()
+    result.update(first_call_ms=s.first_ms, b1_median_ms=s.median_ms, b1_p90_ms=s.p90_ms,
+                  b1_mean_ms=s.mean_ms)
+    if cuda:
+        sync()
+        result["peak_mem_b1_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        # What the caching allocator holds from the GPU: every captured graph's private pool included
+        # (a graph keeps its intermediates' memory for its replays), which the peak above does not count.
+        result["held_mem_b1_mb"] = torch.cuda.memory_reserved(device) / 2**20
+
+    throughput = {}
+    for bs in [b for b in batch_sizes if b > 1]:
+        x = real_face_crops(bs).to(device)
+        calls = 2 if args.quick else max(3, args.iters // 10) + 1
+        # As many untimed calls first: the first calls at a new batch size run slower (H100: a first round
+        # of ten batches of 256 ran ~6 % slower than the rounds after it; docs/PERFORMANCE.md).
+        throughput[str(bs)] = time_calls(lambda: engine(x), device, calls, n_items=bs,
+                                         warmup=0 if args.quick else calls).throughput
+    result["throughput"] = throughput
+
+    if mode.engine:  # fast modes are checked against fp32 eager on real face crops
+        agreement = compare(engine, model.to(device), real_face_crops(8 if args.quick else 32).to(device))
+        result["check"] = agreement.format()
+        result["check_ok"] = agreement.ok
+    return result
+
+
+def profile(mode_name: str, batch: int, device: str, weights: str = "random", steps: int = 20) -> str:
+    """Kernel count per forward and the top CUDA kernels of one mode at one batch size (torch.profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from ..models.weights import load_model
+    from ..engine import Engine, EngineConfig
+    from ..runtime import RuntimeConfig, configure
+
+    mode = next(m for m in MODES if m.name == mode_name)
+    dev = configure(RuntimeConfig(device=device, cudnn_benchmark=mode.cudnn_benchmark,
+                                  deterministic=mode.deterministic))
+    engine = Engine(load_model(weights, device="cpu"), dev,
+                    EngineConfig(**mode.engine, batch_sizes=(batch,)), log=lambda m: None)
+    x = real_face_crops(batch).to(dev)
+    for _ in range(3):
+        engine(x)
+    torch.cuda.synchronize(dev)
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine(x)
+        torch.cuda.synchronize(dev)
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    launches = sum(e.count for e in kernels) / steps
+    total = sum(e.device_time_total for e in kernels) / steps
+    rows = sorted(kernels, key=lambda e: e.device_time_total, reverse=True)[:12]
+    lines = [f"{mode_name} at batch {batch}: {launches:.0f} kernels per forward, {total / 1e3:.3f} ms of "
+             f"GPU time per forward", "", "| kernel | calls/forward | ms/forward | share |", "|---|---|---|---|"]
+    for e in rows:
+        name = e.key.replace("|", "/")[:90]
+        lines.append(f"| `{name}` | {e.count / steps:.0f} | {e.device_time_total / steps / 1e3:.3f} | "
+                     f"{e.device_time_total / max(total * steps, 1e-9):.0%} |")
+    return "\n".join(lines)
+
+
+# -- crops: OpenCV on the CPU against grid_sample on the device ---------------------------------
+
+def warp_benchmark(device: str, repeats: int = 50) -> str:
+    """Median ms to cut 1, 4 and 16 face crops from a 720p frame (uint8 in host memory, crops on the device)."""
+    import statistics
+    import cv2
+    import torch
+    from ..geometry import box_to_matrix, to_tensor, warp_crops, warp_crops_torch
+
+    dev = torch.device(device)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    frame = cv2.resize(cv2.imread(str(SAMPLE_PHOTO)),
+                       (1280, 720))
+    lines = [f"Crops from a 1280x720 frame on {device} (median of {repeats}; both include the copy to the device)",
+             "", "| faces | OpenCV warpAffine (ms) | grid_sample on device (ms) | max |diff| (levels) |",
+             "|---|---|---|---|"]
+    for n in (1, 4, 16):
+        mats = [box_to_matrix([300 + 40 * i, 200, 420 + 40 * i, 340]) for i in range(n)]
+        def opencv():
+            return to_tensor(warp_crops(frame, mats)).to(dev)
+        def device_warp():
+            return warp_crops_torch(torch.from_numpy(frame).to(dev).permute(2, 0, 1), mats)
+        times = {}
+        for name, fn in (("cv", opencv), ("torch", device_warp)):
+            fn(), sync()
+            samples = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                out = fn()
+                sync()
+                samples.append((time.perf_counter() - t0) * 1e3)
+            times[name] = (statistics.median(samples), out)
+        diff = int((times["cv"][1].int() - times["torch"][1].int()).abs().max())
+        lines.append(f"| {n} | {times['cv'][0]:.3f} | {times['torch'][0]:.3f} | {diff} |")
+    return "\n".join(lines)
+
+
+# -- video: end to end, against the released demo's way of working ---------------------------
+
+def make_clip(path: Path, width: int = 1280, height: int = 720, frames: int = 300, fps: float = 30.0) -> Path:
+    """A clip with one face (the test photo) moving across the frame, written with OpenCV (mp4v)."""
+    import cv2
+    import numpy as np
+
+    face = cv2.imread(str(SAMPLE_PHOTO))
+    side = height // 2
+    face = cv2.resize(face, (side, side))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+    rng = np.random.default_rng(0)
+    background = rng.integers(30, 90, (height, width, 3), dtype=np.uint8)
+    for i in range(frames):
+        canvas = background.copy()
+        x = int((width - side) * (0.5 + 0.45 * np.sin(i / 40)))
+        y = int((height - side) * (0.5 + 0.3 * np.cos(i / 55)))
+        canvas[y:y + side, x:x + side] = face
+        writer.write(canvas)
+    writer.release()
+    return path
+
+
+def released_way(clip: Path, device: str, output: Optional[Path]) -> float:
+    """Frames/s of the released demo's way: decode in the loop; every frame detect, crop, batch-1 fp32 EmoNet."""
+    import cv2
+    import torch
+    from ..models.weights import load_model
+    from ..detection.blazeface import BlazeFaceDetector
+    from ..drawing import annotate
+    from ..engine import Engine, EngineConfig
+    from ..pipeline import Pipeline
+    from ..runtime import RuntimeConfig, configure
+    from ..io.video import VideoWriter
+
+    dev = configure(RuntimeConfig(device=device, cudnn_benchmark=False))
+    engine = Engine(load_model("random", device="cpu"), dev, EngineConfig(warmup=False), log=lambda m: None)
+    pipeline = Pipeline(engine, BlazeFaceDetector(dev))
+    cap = cv2.VideoCapture(str(clip))
+    writer, frames = None, 0
+    start = time.perf_counter()
+    while True:
+        ok, bgr = cap.read()
+        if not ok:
+            break
+        rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+        faces = pipeline([rgb])[0][:1]  # one face per frame, as the released demo
+        if output is not None:
+            if writer is None:
+                writer = VideoWriter(output, 30.0, (rgb.shape[1], rgb.shape[0]))
+            writer.write(annotate(rgb, faces, engine.class_names))
+        frames += 1
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    elapsed = time.perf_counter() - start
+    if writer:
+        writer.close()
+    return frames / elapsed
+
+
+def decode_loop(clip: Path) -> float:
+    """Frames/s of OpenCV decoding alone: ``VideoCapture.read`` in a loop, frames left as decoded (BGR).
+
+    The reference "what decoding allows": no colour conversion, copy or hand-over between threads.
+    """
+    import cv2
+    cap = cv2.VideoCapture(str(clip))
+    n, start = 0, time.perf_counter()
+    while cap.read()[0]:
+        n += 1
+    elapsed = time.perf_counter() - start
+    cap.release()
+    return n / elapsed
+
+
+def decode_only(clip: Path, device: Optional[str] = None) -> float:
+    """Frames/s of the video tool's reader alone: RGB host frames, or with ``device`` uploaded (RGB on the GPU)."""
+    import torch
+    from ..io.video import VideoReader
+    reader = VideoReader(str(clip), device=torch.device(device) if device else None, keep_host=not device)
+    start = time.perf_counter()
+    n = sum(1 for _ in reader)
+    elapsed = time.perf_counter() - start
+    reader.close()
+    return n / elapsed
+
+
+def video_benchmark(clip: Optional[str], device: str, engines: list[str], repeat: int = 1) -> str:
+    """The video table: decoding alone, the released way, and demo_video.py (analysis only with each engine,
+    and with the annotated video), each ``demo_video.py`` run ``repeat`` times."""
+    import re
+    import statistics
+    with tempfile.TemporaryDirectory(prefix="emonet-video-") as tmp:
+        path = Path(clip) if clip else make_clip(Path(tmp) / "clip720p.mp4", frames=900)
+        reference = decode_loop(path)
+        rows = [("decoding alone: OpenCV read loop, BGR (the reference)", [reference])]
+        rows.append(("the tool's reader alone, RGB frames in host memory", [decode_only(path)]))
+        if device.startswith("cuda"):
+            rows.append(("the tool's reader alone, frames uploaded (RGB on the GPU)", [decode_only(path, device)]))
+        rows.append(("released way, analysis only", [released_way(path, device, None)]))
+        rows.append(("released way + annotated video", [released_way(path, device, Path(tmp) / "released.mp4")]))
+        script = ["-m", "emonet.apps.video"]
+        runs = [(f"demo_video.py --no-video --engine {e}", ["--no-video", "--csv", str(Path(tmp) / "f.csv"),
+                                                           "--engine", e]) for e in engines]
+        runs.append((f"demo_video.py --output (annotated video) --engine {engines[0]}",
+                     ["--output", str(Path(tmp) / "o.mp4"), "--engine", engines[0]]))
+        notes = []
+        for label, args in runs:
+            cmd = [sys.executable, *script, "--video", str(path), "--weights", "random", "--device", device, *args]
+            rates = []
+            for _ in range(repeat if "--no-video" in args else 1):
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                m = re.search(r"([\d.]+) frames/s end to end", proc.stderr)
+                rates.append(float(m.group(1)) if m else float("nan"))
+                for pattern in (r"engine warm-up.*", r"time per frame by stage.*"):
+                    line = re.search(pattern, proc.stderr)
+                    if line:
+                        notes.append(f"{label}, run {len(rates)}: {line.group(0)}")
+            rows.append((label, rates))
+        import cv2
+        cap = cv2.VideoCapture(str(path))
+        size = f"{int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))}x{int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))}, " \
+               f"{int(cap.get(cv2.CAP_PROP_FRAME_COUNT))} frames"
+    released = {"analysis": rows[-len(runs) - 2][1][0], "video": rows[-len(runs) - 1][1][0]}
+    lines = [f"Video clip: {size}", "",
+             "| way | frames/s (median) | runs | vs released way | of decoding alone |", "|---|---|---|---|---|"]
+    for name, rates in rows:
+        mid = statistics.median(rates)
+        each = ", ".join(f"{r:.1f}" for r in rates) if len(rates) > 1 else ""
+        # Analysis against the released way's analysis; the annotated video against its annotated video.
+        vs = f"{mid / released['video' if '--output' in name else 'analysis']:.1f}×" if name.startswith("demo_video") else ""
+        lines.append(f"| {name} | {mid:.1f} | {each} | {vs} | {100 * mid / reference:.0f} % |")
+    return "\n".join(lines + [""] + notes)
+
+
+# -- the whole comparison, one fresh process per measurement ------------------------------------
+
+def _spawn(mode: str, args: argparse.Namespace, cache_dir: str) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
+        out = fh.name
+    cmd = [sys.executable, "-m", "emonet.bench", "--child", mode, "--child-out", out,
+           "--device", args.device, "--weights", args.weights, "--iters", str(args.iters),
+           "--batch-sizes", ",".join(map(str, args.batch_sizes)), "--cache-dir", cache_dir]
+    if args.quick:
+        cmd.append("--quick")
+    if args.nclasses:
+        cmd += ["--nclasses", str(args.nclasses)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    try:
+        if proc.returncode != 0:
+            lines = proc.stderr.strip().splitlines() or ["no output"]
+            # The exception line, not a warning printed after it.
+            errors = [l for l in lines if not l.startswith(" ") and ("Error" in l or "Exception" in l)]
+            return {"mode": mode, "error": (errors or lines)[-1][:300], "process_s": wall}
+        result = json.loads(Path(out).read_text())
+        result["process_s"] = wall
+        return result
+    finally:
+        Path(out).unlink(missing_ok=True)
+
+
+def startup_floor(device: str) -> dict:
+    """What any fresh process pays before EmoNet can start: Python with ``import torch``, and the CUDA context.
+
+    Measured in a child that imports nothing of emonet, so "start to first result" can be read against it.
+    """
+    code = ("import json, sys, time; t0 = time.perf_counter(); import torch; t1 = time.perf_counter(); "
+            "d = torch.device(sys.argv[1]); torch.zeros(1, device=d); "
+            "torch.cuda.synchronize(d) if d.type == 'cuda' else None; t2 = time.perf_counter(); "
+            "print(json.dumps({'import_torch_s': t1 - t0, 'device_init_s': t2 - t1}))")
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code, device], capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "process_s": wall}
+
+
+def _fmt(v, spec=".2f", none="–") -> str:
+    return none if v is None else format(v, spec)
+
+
+def _table(rows: list[dict]) -> list[str]:
+    head = ["mode", "first call cold (ms)", "warm-up cold (s)", "first call warm caches (ms)",
+            "start→first result warm (s)", "b1 median (ms)", "b1 p90 (ms)", "best crops/s (batch)",
+            "peak mem b1 (MB)", "held by allocator (MB)", "vs fp32"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cold, warm = r.get("cold", {}), r.get("warm", {})
+        if "error" in cold:
+            lines.append(f"| {r['mode']} | failed: {cold['error']} |" + " |" * (len(head) - 2))
+            continue
+        tp = cold.get("throughput") or {}
+        best = max(tp.items(), key=lambda kv: kv[1]) if tp else None
+        check = "—" if "check_ok" not in cold else ("same" if cold["check_ok"] else "DIFFERS")
+        lines.append("| " + " | ".join([
+            r["mode"], _fmt(cold.get("first_call_ms")), _fmt(cold.get("warmup_s")),
+            _fmt(warm.get("first_call_ms")), _fmt(warm.get("time_to_first_result_s"), ".1f"),
+            _fmt(cold.get("b1_median_ms")), _fmt(cold.get("b1_p90_ms")),
+            f"{best[1]:,.0f} ({best[0]})" if best else "–", _fmt(cold.get("peak_mem_b1_mb"), ".0f"),
+            _fmt(cold.get("held_mem_b1_mb"), ",.0f"), check]) + " |")
+    return lines
+
+
+def _throughput_table(rows: list[dict], batch_sizes: list[int]) -> list[str]:
+    bs = [b for b in batch_sizes if b > 1]
+    lines = ["| mode | " + " | ".join(f"batch {b}" for b in bs) + " |", "|---|" + "---|" * len(bs)]
+    for r in rows:
+        tp = r.get("cold", {}).get("throughput") or {}
+        lines.append(f"| {r['mode']} | " + " | ".join(_fmt(tp.get(str(b)), ",.0f") for b in bs) + " |")
+    return lines
+
+
+def environment(device: str) -> dict:
+    """Device and software versions for the report."""
+    import torch
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "cudnn": torch.backends.cudnn.version(), "platform": platform.platform(),
+           "cpu_count": os.cpu_count(), "device": device}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+    return env
+
+
+def _batch_sizes(text: str) -> list[int]:
+    """``"8,32"`` -> ``[8, 32]``; anything else is a usage error (one line, exit 2)."""
+    try:
+        sizes = [int(b) for b in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive whole numbers separated by commas, got {text!r}")
+    return sizes
+
+
+def _engines(text: str) -> list[str]:
+    """``"auto,compiled"`` -> ``["auto", "compiled"]``; an unknown engine is a usage error."""
+    from ..engine import PRESETS
+    names = [e for e in text.split(",") if e]
+    unknown = [e for e in names if e not in ("auto", *PRESETS)]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected engines among auto, {', '.join(PRESETS)}, got {text!r}")
+    return names
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of ``python -m emonet.bench``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m emonet.bench",
+        description="Benchmark EmoNet: the released way (eager fp32, batch 1) against each engine mode. "
+                    "Each mode runs in fresh processes, with cold then warm on-disk caches.")
+    parser.add_argument("--device", default=None, help="cuda:0 (default when a GPU exists) or cpu")
+    parser.add_argument("--weights", default="random",
+                        help="checkpoint path, 'pretrained' or 'random' (default: random; timings do not "
+                             "depend on the weights)")
+    parser.add_argument("--nclasses", type=int, default=None, choices=[5, 8])
+    parser.add_argument("--modes", default=None,
+                        help=f"comma-separated; available: {', '.join(m.name for m in MODES)}")
+    parser.add_argument("--batch-sizes", default=None, type=_batch_sizes,
+                        help="throughput batch sizes, comma-separated (default 8,32,128,256)")
+    parser.add_argument("--iters", type=int, default=None, help="timed batch-1 calls per mode (default 200)")
+    parser.add_argument("--quick", action="store_true", help="few iterations and small batches (CPU: < 1 min)")
+    parser.add_argument("--no-warm-rerun", action="store_true",
+                        help="skip the second, warm-cache process of compiled modes")
+    parser.add_argument("--json", default=None, metavar="FILE",
+                        help="also write the mode benchmark's report as JSON to FILE")
+    parser.add_argument("--markdown", default=None, metavar="FILE",
+                        help="also write the Markdown report to FILE (--video, --warp and --profile too)")
+    parser.add_argument("--profile", default=None, metavar="MODE:BATCH",
+                        help="instead of benchmarking, profile one mode at one batch size (GPU), e.g. "
+                             "compile-graph:1")
+    parser.add_argument("--video", nargs="?", const="", default=None, metavar="CLIP",
+                        help="instead: end-to-end video frames/s on CLIP (default: a synthetic 30-s 720p clip with "
+                             "one face) for decoding alone, the released way and demo_video.py")
+    parser.add_argument("--video-engines", default=["auto"], type=_engines, metavar="E[,E...]",
+                        help="with --video: the demo_video.py engines to time, comma-separated (auto, fast, "
+                             "compiled, max; default auto). A compiled engine's first run compiles (minutes)")
+    parser.add_argument("--video-repeat", default=1, type=int, metavar="N",
+                        help="with --video: run each analysis-only demo_video.py N times, report the median "
+                             "(runs vary; default 1)")
+    parser.add_argument("--warp", action="store_true",
+                        help="instead: time cutting face crops with OpenCV against grid_sample on the device")
+    parser.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    import torch
+    if args.device is None:
+        args.device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    from ..runtime import DeviceError, select_device
+    try:  # here, so a device this machine lacks is one line, not a failure in every mode's process
+        select_device(args.device, quiet=True)
+    except DeviceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    cpu = args.device == "cpu"
+    args.batch_sizes = args.batch_sizes or _batch_sizes("8" if args.quick or cpu else "8,32,128,256")
+    args.iters = args.iters or (3 if args.quick else (10 if cpu else 200))
+
+    # --warp, --video and --profile make one Markdown report: shown, and saved to --markdown.
+    if args.warp:
+        _report(warp_benchmark(args.device), args.markdown)
+        return 0
+    if args.video is not None:
+        from ..io.images import InputError
+        try:
+            text = video_benchmark(args.video or None, args.device, args.video_engines, max(1, args.video_repeat))
+        except InputError as exc:  # a missing or unreadable clip: one line, like the tools
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        _report(text, args.markdown)
+        return 0
+    if args.profile:
+        mode_name, _, batch = args.profile.partition(":")
+        if mode_name not in {m.name for m in MODES}:
+            parser.error(f"unknown mode {mode_name!r}")
+        if not (batch or "1").isdigit() or int(batch or 1) < 1:
+            parser.error(f"--profile expects MODE:BATCH with a positive whole batch size, got {args.profile!r}")
+        _report(profile(mode_name, int(batch or 1), args.device, args.weights), args.markdown)
+        return 0
+    if args.child:
+        result = run_child(args)
+        Path(args.child_out).write_text(json.dumps(result))
+        return 0
+
+    if args.weights not in ("random", "pretrained"):
+        from ..models.weights import CheckpointError, read_state_dict
+        try:  # once here, so a bad path is one line, not a failure in every child process
+            read_state_dict(args.weights)
+        except CheckpointError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    names = args.modes.split(",") if args.modes else (CPU_DEFAULT if cpu else GPU_DEFAULT)
+    unknown = [n for n in names if n not in {m.name for m in MODES}]
+    if unknown:
+        parser.error(f"unknown mode(s) {', '.join(unknown)}; available: {', '.join(m.name for m in MODES)}")
+
+    from tqdm import tqdm
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="emonet-bench-") as tmp:
+        for name in tqdm(names, desc="modes", unit="mode", file=sys.stderr):
+            cache = str(Path(tmp) / name)  # empty: a cold start for this mode
+            row = {"mode": name, "cold": _spawn(name, args, cache)}
+            # Only compiled modes keep anything on disk; an eager mode's second start equals its first.
+            compiled = next(m for m in MODES if m.name == name).compiled
+            if compiled and not args.no_warm_rerun and "error" not in row["cold"]:
+                row["warm"] = _spawn(name, args, cache)
+            rows.append(row)
+            tqdm.write(_table([row])[-1], file=sys.stderr)
+            if args.json:  # partial results survive an interrupted run
+                Path(args.json).write_text(json.dumps({"partial": True, "modes": rows}, indent=2))
+
+    env = environment(args.device)
+    floor = startup_floor(args.device)
+    floor_line = (f"Start-up floor (a fresh process that only imports torch and touches {args.device}): "
+                  f"import torch {floor['import_torch_s']:.2f} s, device init {floor['device_init_s']:.2f} s, "
+                  f"whole process {floor['process_s']:.2f} s." if "error" not in floor
+                  else f"Start-up floor: not measured ({floor['error']})")
+    command = "python -m emonet.bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    lines = [f"Command: `{command}`", "",
+             f"Device: {env.get('gpu', 'CPU')} ({args.device}); torch {env['torch']}, CUDA {env['cuda']}, "
+             f"cuDNN {env['cudnn']}, Python {env['python']}, {env['cpu_count']} CPU cores", "",
+             *_table(rows), "", floor_line, ""]
+    if any(b > 1 for b in args.batch_sizes):
+        lines += ["Throughput (crops/s, steady state):", "", *_throughput_table(rows, args.batch_sizes), ""]
+    for r in rows:
+        if r["cold"].get("check"):
+            lines.append(f"- {r['mode']}: {r['cold']['check']}")
+    text = "\n".join(lines)
+    print(text)
+    report = {"command": command, "environment": env, "startup_floor": floor, "modes": rows}
+    _save(args.json, json.dumps(report, indent=2))
+    _save(args.markdown, text + "\n")
+    failed = [r["mode"] for r in rows if "error" in r["cold"]]
+    if failed:
+        print(f"error: {len(failed)} mode(s) failed: {', '.join(failed)} (see the table)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _save(path: Optional[str], content: str) -> None:
+    """Write ``content`` to ``path`` whole or not at all (a temporary name, then a rename)."""
+    if path:
+        tmp_path = Path(f"{path}.tmp")
+        tmp_path.write_text(content)
+        os.replace(tmp_path, path)
+
+
+def _report(text: str, markdown: Optional[str]) -> None:
+    print(text)
+    _save(markdown, text + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

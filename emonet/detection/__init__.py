@@ -1,0 +1,36 @@
+"""Face detectors: one small interface (:class:`FaceDetector`), one module per backend.
+
+| name | module |
+| --- | --- |
+| ``blazeface`` (default) | :mod:`.blazeface`: MediaPipe BlazeFace in PyTorch, weights shipped with the package |
+| ``sfd`` | :mod:`.sfd`: face-alignment's S3FD (downloads its weights on first use) |
+| ``none`` | :mod:`.whole`: the image already is a face crop |
+
+Backends are imported when asked for, so a run that does not use one does not pay for importing it.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+from .base import DetectorError, FaceDetector
+
+DETECTORS = ("blazeface", "sfd", "none")
+
+
+def create_detector(name: str, device: Union[str, torch.device] = "cpu", **kwargs) -> FaceDetector:
+    """Build a detector by name: ``blazeface``, ``sfd`` or ``none``."""
+    if name == "blazeface":
+        from .blazeface import BlazeFaceDetector
+        return BlazeFaceDetector(device, **kwargs)
+    if name == "sfd":
+        from .sfd import SFDDetector
+        return SFDDetector(device, **kwargs)
+    if name == "none":
+        from .whole import WholeImageDetector
+        return WholeImageDetector()
+    raise DetectorError(f"unknown detector {name!r}; choose one of {', '.join(DETECTORS)}")
+
+
+__all__ = ["DETECTORS", "DetectorError", "FaceDetector", "create_detector"]

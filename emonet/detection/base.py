@@ -1,0 +1,44 @@
+"""The detector interface: find faces, and say how a box of this detector becomes a crop.
+
+``detect(images)`` takes RGB uint8 ``(H, W, 3)`` arrays and returns, per image, an ``(k, 5)`` float array
+of ``x1, y1, x2, y2, score`` in image pixels, best first. One module per backend beside this one.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..geometry import DETECTOR_SHIFT, S3FD_REFERENCE_SCALE, box_to_matrix
+
+
+class DetectorError(Exception):
+    """A detector cannot be set up (weights missing, offline download, ...); the message says what to do."""
+
+
+class FaceDetector:
+    """Base class: find faces, and say how a box of this detector becomes a crop."""
+
+    name = "base"
+    reference_scale = S3FD_REFERENCE_SCALE  # FAN convention: scale = (w + h) / reference_scale
+    shift = DETECTOR_SHIFT                  # box centre moved up by this fraction of its height
+
+    def detect(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Per image, an ``(k, 5)`` array ``x1, y1, x2, y2, score``, best first."""
+        raise NotImplementedError
+
+    def launch(self, images: Sequence[np.ndarray]):
+        """Start detecting; :meth:`collect` returns what :meth:`detect` would. A GPU backend queues its
+        work and returns at once, so the caller can do something else meanwhile; the default just detects."""
+        return self.detect(images)
+
+    def collect(self, handle) -> list[np.ndarray]:
+        """The boxes of a :meth:`launch`, waiting for them if need be."""
+        return handle
+
+    def crop_matrix(self, box: np.ndarray, image_shape: tuple) -> np.ndarray:
+        """The 2x3 affine from the image to this face's 256x256 crop."""
+        return box_to_matrix(box, self.reference_scale, self.shift)
+
+    def warmup(self, shape: tuple = (720, 1280, 3)) -> None:
+        """Pay one-off start-up costs (autotuning, kernel loading) before real images; default: nothing."""

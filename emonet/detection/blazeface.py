@@ -1,0 +1,220 @@
+"""MediaPipe BlazeFace (256x256 "back" model) in PyTorch, with face-alignment's network.
+
+The weights ship with this package (``blazeface.pth``, converted once from the MediaPipe TFLite files
+by ``tools/convert_blazeface.py``; Apache-2.0, see ``NOTICE.blazeface``). Works offline. The whole image
+is letterboxed, never centre-cropped, so faces at the sides of a wide frame are found. On a GPU the
+network runs as a CUDA graph and accepts frames already uploaded there.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from .base import DetectorError, FaceDetector
+
+WEIGHTS = Path(__file__).resolve().parent / "blazeface.pth"
+
+
+def _anchors() -> torch.Tensor:
+    """MediaPipe's 896 SSD anchors (x, y, w, h), normalised: 16x16 cells x 2, then 8x8 cells x 6."""
+    rows = []
+    for grid, per_cell in ((16, 2), (8, 6)):
+        for y in range(grid):
+            for x in range(grid):
+                rows += [[(x + 0.5) / grid, (y + 0.5) / grid, 1.0, 1.0]] * per_cell
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def decode_blazeface(net, raw_boxes: np.ndarray, raw_scores: np.ndarray, anchors: np.ndarray,
+                     min_score: Optional[float] = None) -> list[np.ndarray]:
+    """face-alignment's ``BlazeFace._tensors_to_detections`` in NumPy: the same detections, per image an
+    ``(k, 17)`` float32 array (ymin, xmin, ymax, xmax, six keypoints, score).
+
+    The library does it with some thirty torch operations on arrays of 896 rows, each paying torch's
+    per-operation overhead on the CPU (0.7 ms a call on the H100 machine, more than the network);
+    ``tests/test_detection.py`` checks this against the library's own code.
+    """
+    clipped = np.clip(raw_scores[..., 0], -net.score_clipping_thresh, net.score_clipping_thresh)
+    scores = (1.0 / (1.0 + np.exp(-clipped.astype(np.float64)))).astype(np.float32)
+    keep = scores >= (net.min_score_thresh if min_score is None else min_score)
+    results = []
+    for i in range(len(raw_boxes)):  # only the anchors that pass: a handful of the 896
+        raw, a = raw_boxes[i][keep[i]].astype(np.float32), anchors[keep[i]].astype(np.float32)
+        ax, ay, aw, ah = a[:, 0:1], a[:, 1:2], a[:, 2:3], a[:, 3:4]
+        out = np.empty((len(raw), 17), dtype=np.float32)
+        xc = raw[:, 0:1] / net.x_scale * aw + ax
+        yc = raw[:, 1:2] / net.y_scale * ah + ay
+        w = raw[:, 2:3] / net.w_scale * aw
+        h = raw[:, 3:4] / net.h_scale * ah
+        out[:, 0:1], out[:, 1:2], out[:, 2:3], out[:, 3:4] = yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2
+        out[:, 4:16:2] = raw[:, 4::2] / net.x_scale * aw + ax
+        out[:, 5:16:2] = raw[:, 5::2] / net.y_scale * ah + ay
+        out[:, 16] = scores[i][keep[i]]
+        results.append(out)
+    return results
+
+
+def weighted_nms(detections: np.ndarray, threshold: float) -> np.ndarray:
+    """face-alignment's BlazeFace weighted non-maximum suppression in NumPy (see :func:`decode_blazeface`).
+
+    Overlapping detections (IoU above ``threshold``) are blended, weighted by score, into one whose score
+    is their mean. Returns ``(faces, 17)``, in the order found (most confident first).
+    """
+    if not len(detections):
+        return np.zeros((0, detections.shape[1] if detections.ndim == 2 else 17), np.float32)
+    boxes = detections[:, :4]
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    remaining = np.argsort(-detections[:, 16], kind="stable")
+    faces = []
+    while len(remaining):
+        first = detections[remaining[0]]
+        others = boxes[remaining]
+        inter = (np.clip(np.minimum(first[2:4], others[:, 2:4]) - np.maximum(first[:2], others[:, :2]), 0, None)
+                 .prod(axis=1))
+        iou = inter / (areas[remaining[0]] + areas[remaining] - inter)
+        mask = iou > threshold
+        mask[0] = True  # the first always goes (a degenerate box, IoU 0 or NaN with itself, would loop forever)
+        overlapping, remaining = remaining[mask], remaining[~mask]
+        face = first.copy()
+        if len(overlapping) > 1:
+            scores = detections[overlapping, 16:17]
+            total = scores.sum()
+            face[:16] = (detections[overlapping, :16] * scores).sum(axis=0) / total
+            face[16] = total / len(overlapping)
+        faces.append(face)
+    return np.stack(faces)
+
+
+class BlazeFaceDetector(FaceDetector):
+    """MediaPipe BlazeFace on any device; ``model='back'`` (256 input, faces at any distance) or ``'front'`` (128, selfies)."""
+
+    name = "blazeface"
+
+    def __init__(self, device: Union[str, torch.device] = "cpu", model: str = "back",
+                 weights: Union[str, Path, None] = None, min_score: Optional[float] = None) -> None:
+        from face_alignment.detection.blazeface.net_blazeface import BlazeFace
+
+        if model not in ("back", "front"):
+            raise DetectorError(f"BlazeFace model must be 'back' or 'front', not {model!r}")
+        path = Path(weights) if weights else WEIGHTS
+        if not path.is_file():
+            raise DetectorError(f"BlazeFace weights not found at {path}; reinstall emonet (the file "
+                                f"ships with the package) or run tools/convert_blazeface.py")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self.device = torch.device(device)
+        self.net = BlazeFace(back_model=(model == "back"))
+        self.net.load_state_dict(state[model])
+        self.net.to(self.device).eval()
+        self.anchors = _anchors().numpy()  # decoding runs on the CPU (see _collect)
+        self.min_score = self.net.min_score_thresh if min_score is None else float(min_score)
+        self.size = 256 if model == "back" else 128
+        self.max_batch = 8
+        self._graphs: dict[int, tuple] = {}  # padded batch -> (CUDA graph, static input, static outputs)
+
+    def letterbox(self, images: Sequence[Union[np.ndarray, torch.Tensor]]) -> tuple[torch.Tensor, list[tuple[float, float, float]]]:
+        """Each whole image scaled to fit the network's square input and padded with zeros (centred).
+
+        Runs on the detector's device (antialiased bilinear), so a large frame costs one upload instead
+        of a CPU resize. Returns the ``(B, 3, S, S)`` input in [-1, 1] and, per image, ``(scale, pad_x, pad_y)``.
+        """
+        s = self.size
+        batch = torch.full((len(images), 3, s, s), -1.0, device=self.device)  # -1 is black after scaling
+        # Images of one size (a video's frames) are resized together: a few launches per call, not per image.
+        groups: dict = {}
+        for i, image in enumerate(images):
+            groups.setdefault(tuple(image.shape[:2]), []).append(i)
+        params = [None] * len(images)
+        for (h, w), members in groups.items():
+            scale = s / max(h, w)
+            nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
+            px, py = (s - nw) // 2, (s - nh) // 2
+            x = torch.stack([images[i] if torch.is_tensor(images[i])
+                             else torch.from_numpy(np.ascontiguousarray(images[i])) for i in members])
+            x = x.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
+            x = torch.nn.functional.interpolate(x, size=(nh, nw), mode="bilinear", antialias=True,
+                                                align_corners=False)
+            x = x / 127.5 - 1.0
+            if members == list(range(members[0], members[-1] + 1)):
+                batch[members[0]:members[-1] + 1, :, py:py + nh, px:px + nw] = x
+            else:  # interleaved sizes (rare): row by row, no index upload that would stall the host
+                for k, i in enumerate(members):
+                    batch[i, :, py:py + nh, px:px + nw] = x[k]
+            for i in members:
+                params[i] = (scale, px, py)
+        return batch, params
+
+    def detect(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return self.collect(self.launch(images))
+
+    def launch(self, images: Sequence[np.ndarray]) -> list[tuple]:
+        return [self._launch(images[start:start + self.max_batch]) for start in range(0, len(images), self.max_batch)]
+
+    def collect(self, handle: list[tuple]) -> list[np.ndarray]:
+        return [faces for part in handle for faces in self._collect(*part)]
+
+    def warmup(self, shape: tuple = (720, 1280, 3)) -> None:
+        """Run every padded batch size once, so cuDNN's autotuning is paid at load, not on real frames."""
+        blank = np.zeros(shape, np.uint8)
+        for b in (1 << k for k in range(self.max_batch.bit_length())):
+            self.detect([blank] * b)
+
+    def _launch(self, images: Sequence[np.ndarray]) -> tuple:
+        x, params = self.letterbox(images)
+        padded = 1 << (len(images) - 1).bit_length()  # few distinct shapes: few autotuning runs
+        if padded > len(images):
+            x = torch.cat([x, x[-1:].expand(padded - len(images), -1, -1, -1)])
+        with torch.inference_mode():
+            raw_boxes, raw_scores = self._forward(x)
+            # Decoded on the CPU after one copy (57 KB): as GPU launches, its dozens of tiny operations
+            # and a sync per image cost more than the network itself.
+            n = len(images)
+            raw = torch.cat([raw_boxes[:n], raw_scores[:n]], dim=2).float()
+            if self.device.type != "cuda":
+                return raw, None, params
+            host = torch.empty(raw.shape, dtype=raw.dtype, pin_memory=True)
+            host.copy_(raw, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            return host, done, params
+
+    def _collect(self, raw: torch.Tensor, done: Optional["torch.cuda.Event"], params: list) -> list[np.ndarray]:
+        if done is not None:
+            done.synchronize()
+        raw = raw.numpy()
+        per_image = decode_blazeface(self.net, raw[..., :-1], raw[..., -1:], self.anchors, self.min_score)
+        results = []
+        for dets, (scale, px, py) in zip(per_image, params):
+            faces = weighted_nms(dets, self.net.min_suppression_threshold)
+            if not len(faces):
+                results.append(np.zeros((0, 5)))
+                continue
+            d = faces.astype(np.float64)  # ymin, xmin, ymax, xmax, keypoints..., score
+            boxes = np.stack([d[:, 1], d[:, 0], d[:, 3], d[:, 2]], axis=1) * self.size
+            boxes = (boxes - [px, py, px, py]) / scale
+            out = np.concatenate([boxes, d[:, -1:]], axis=1)
+            results.append(out[np.argsort(-out[:, 4])])
+        return results
+
+    def _forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The network; on a GPU as a CUDA graph per padded batch size (eager, it is ~150 tiny launches)."""
+        if self.device.type != "cuda":
+            return self.net(x)
+        if x.shape[0] not in self._graphs:
+            static_in = x.clone()
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):  # cuDNN autotuning happens here, outside the capture
+                    self.net(static_in)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outputs = self.net(static_in)
+            self._graphs[x.shape[0]] = (graph, static_in, outputs)
+        graph, static_in, (boxes, scores) = self._graphs[x.shape[0]]
+        static_in.copy_(x)
+        graph.replay()
+        return boxes.clone(), scores.clone()  # the next replay overwrites the static outputs

@@ -1,0 +1,254 @@
+"""The inference engine: EmoNet as fast as the device allows, one object the tools share.
+
+``Engine(model, device, config)`` builds its own network from ``model`` with the exact transforms
+(:mod:`.transforms`), optionally compiles it (:mod:`.compile`), and runs batches of 256x256 crops through
+it, on a GPU as CUDA graphs captured per batch size (a smaller batch is padded up to the next captured
+size) and, up to ``config.streams``, with the hourglass's skip branches on side streams
+(:mod:`.forward`). A warm-up at load pays cuDNN autotuning, compilation and graph capture before the
+first real crop, and its cost is reported on its own. It returns landmarks decoded on the device,
+expression logits, valence and arousal; the heatmaps only with ``EngineConfig(heatmaps=True)``.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Dict, Optional
+
+import torch
+
+from ..models import EmoNet
+from ..runtime import RuntimeConfig
+from . import precompile
+from .compile import compiler
+from .config import EngineConfig
+from .forward import StreamedForward, model_input, no_cudnn_autotuning, packed_forward, packed_forward_heatmaps, \
+    split_outputs
+from .transforms import engine_net, fold_batchnorm, fold_stack_tails, fuse_stack_ends, pad_stem_input, \
+    pointwise_max_pools
+
+
+class Engine:
+    """Runs EmoNet on batches of 256x256 crops; ``engine(crops)`` returns float32 outputs on the device.
+
+    ``crops``: ``(N, 3, 256, 256)``, uint8 in [0, 255] or float in [0, 1], on any device.
+    """
+
+    def __init__(self, model: EmoNet, device: torch.device | str, config: EngineConfig = EngineConfig(),
+                 log=None) -> None:
+        self.device = torch.device(device)
+        self.config = self._available(config)
+        self.n_expression = model.n_expression
+        self.class_names = model.class_names
+        self.untrained = model.untrained
+        self.weights_source = model.weights_source
+        self.warmup_ms: Optional[float] = None
+        self._log = log or (lambda msg: print(msg, file=sys.stderr))
+        self._dtype = RuntimeConfig(precision=self.config.precision).dtype
+
+        net = engine_net(model)  # the one copy: the transforms below change it in place
+        if self.config.fold_bn:
+            fold_stack_tails(fold_batchnorm(net, inplace=True), inplace=True)
+        if self.device.type == "cuda" and self.config.channels_last:
+            pad_stem_input(net, inplace=True)
+            if self.config.fold_bn:
+                fuse_stack_ends(net, inplace=True)
+        if self.config.compile:
+            pointwise_max_pools(net, inplace=True)
+        net = net.to(self.device, self._dtype)
+        if self.config.channels_last:
+            net = net.to(memory_format=torch.channels_last)
+        self.model = net
+        self._compiled = self.config.compile is not None
+        compile_fn = compiler(self.config, self.device, self._log) if self._compiled else (lambda fn, name, mark=None: fn)
+        pieces = []
+
+        def wrap(fn, name, mark=None):
+            pieces.append(compile_fn(fn, name, mark))
+            return pieces[-1]
+
+        whole = wrap(packed_forward_heatmaps if self.config.heatmaps else packed_forward, "model", self._mark_batch)
+        self._forward = lambda x: whole(net, x)
+        self._streamed = (StreamedForward(net, self.device, wrap, self.config.heatmaps) if self.config.streams
+                          else None)
+        self._precompiled = [p for p in pieces if isinstance(p, precompile.Precompiled)]
+        self._graphs: Dict[tuple, tuple] = {}  # (batch size, input dtype) -> (graph, static input, static outputs)
+        self._static_inputs: Dict[torch.dtype, torch.Tensor] = {}
+        self._graph_pool = None
+        self._capture_stream: Optional[torch.cuda.Stream] = None
+        if self.config.warmup:
+            self.warmup()
+
+    # -- configuration -------------------------------------------------------------------------
+    def _available(self, config: EngineConfig) -> EngineConfig:
+        """Drop the modes this device cannot run, saying so once."""
+        cuda = self.device.type == "cuda"
+        changes, notes = {}, []
+        if config.cuda_graphs and not cuda:
+            changes["cuda_graphs"] = False
+            notes.append("CUDA graphs need a GPU")
+        if config.streams and not cuda:
+            changes["streams"] = 0
+            notes.append("side streams need a GPU")
+        if config.precision == "fp16" and not cuda:
+            changes["precision"] = "bf16"  # fp16 convolutions on the CPU are slow or missing
+            notes.append("fp16 on the CPU runs as bf16")
+        elif config.precision == "bf16" and cuda and not torch.cuda.is_bf16_supported():
+            changes["precision"] = "fp16"
+            notes.append("this GPU has no bf16; using fp16")
+        if notes:
+            print(f"engine: {'; '.join(notes)}", file=sys.stderr)
+        return replace(config, **changes)
+
+    def _mark_batch(self, args: tuple) -> None:
+        if self.config.dynamic_batch and args[1].shape[0] > 1:
+            # One compiled graph serves every batch size > 1 (1 is always specialised): convolutions
+            # stay cuDNN calls chosen at run time, so a dynamic batch costs little and saves a
+            # compilation per size. dynamic_batch=False trades those compilations for kernels
+            # specialised to each size (the benchmark measures both).
+            torch._dynamo.mark_dynamic(args[1], 0)
+
+    @property
+    def precompiled(self) -> Optional[Dict[str, int]]:
+        """Compiled functions loaded from disk and compiled in this process (None: not precompiling)."""
+        if not self._precompiled:
+            return None
+        return {"loaded": sum(p.loaded for p in self._precompiled),
+                "compiled": sum(p.compiled for p in self._precompiled)}
+
+    # -- running -------------------------------------------------------------------------------
+    def _prepare(self, crops: torch.Tensor) -> torch.Tensor:
+        x = crops.to(self.device, non_blocking=True)
+        if self._compiled:
+            return x  # the compiled code scales it (emonet.engine.model_input)
+        return model_input(self.model, x)
+
+    def _call_model(self, x: torch.Tensor) -> torch.Tensor:
+        """The packed outputs (:func:`split_outputs`) of the model on prepared input."""
+        if self._streamed is not None and x.shape[0] <= self.config.streams:
+            # The kernels chosen here (at warm-up) are the ones the graph keeps.
+            with contextlib.nullcontext() if self.config.autotune_streamed else no_cudnn_autotuning():
+                return self._streamed(x)
+        return self._forward(x)
+
+    def _run_eager(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
+        with torch.inference_mode():
+            return self._split(self._call_model(self._prepare(crops)))
+
+    def _capture(self, batch: int, dtype_in: torch.dtype) -> tuple:
+        # Every graph reads the front of one input buffer, and with share_graph_pool allocates from one
+        # memory pool: they replay one at a time, on one stream, and each result is copied out right
+        # after its replay, so a graph may reuse what another's intermediates used. Captured largest
+        # first (warmup), the smaller graphs fit in the largest one's memory (docs/PERFORMANCE.md).
+        if dtype_in not in self._static_inputs:
+            self._static_inputs[dtype_in] = torch.zeros(max(self.config.batch_sizes), 3, 256, 256,
+                                                        device=self.device, dtype=dtype_in)
+        static_in = self._static_inputs[dtype_in][:batch]
+        if self._graph_pool is None and self.config.share_graph_pool:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        # A high-priority capture stream: with side streams, the critical path gets the SMs first
+        # (measured on an H100 at batch 1: 0.980 against 0.991 ms; no change without side streams).
+        # One for every graph: cuBLAS keeps a workspace per stream it runs on (32 MiB on Hopper), and
+        # a stream per batch size held 7 of them, 224 MB (docs/bench/warm_start.py).
+        if self._capture_stream is None:
+            self._capture_stream = torch.cuda.Stream(self.device, priority=-1)
+        stream = self._capture_stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):  # autotuning and compilation happen here, outside the capture
+                self._call_model(self._prepare(static_in))
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool, stream=stream), torch.inference_mode():
+            static_out = self._call_model(self._prepare(static_in))
+        return graph, static_in, static_out
+
+    def _split(self, flat: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return split_outputs(flat, self.n_expression)
+
+    def _run_fixed(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Pad to the next configured batch size: graphs and compiled code are specialised to shapes."""
+        n = crops.shape[0]
+        batch = min(b for b in self.config.batch_sizes if b >= n)
+        if not self.config.cuda_graphs:
+            if n < batch:
+                crops = torch.cat([crops, crops[-1:].expand(batch - n, -1, -1, -1)])
+            return {k: v[:n] for k, v in self._run_eager(crops).items()}
+        key = (batch, crops.dtype)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(batch, crops.dtype)
+        graph, static_in, static_out = self._graphs[key]
+        static_in[:n].copy_(crops, non_blocking=True)  # rows past n keep old data: BN is per-sample
+        graph.replay()
+        return self._split(static_out[:n].clone())
+
+    def __call__(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """EmoNet on ``(N, 3, 256, 256)`` uint8 crops: landmarks ``(N, 68, 2)`` in crop pixels (decoded
+        from the heatmaps, spec §5), expression logits, valence and arousal, and with
+        ``EngineConfig(heatmaps=True)`` the heatmaps ``(N, 68, 64, 64)``; float32."""
+        if crops.ndim != 4 or tuple(crops.shape[1:]) != (3, 256, 256):
+            raise ValueError(f"expected crops of shape (N, 3, 256, 256), got {tuple(crops.shape)}")
+        if crops.shape[0] == 0:
+            return {k: v[:0] for k, v in self._run_eager(crops[:1].new_zeros(1, 3, 256, 256)).items()}
+        if not (self.config.cuda_graphs or self.config.compile):
+            return self._run_eager(crops)
+        largest = max(self.config.batch_sizes)
+        outs = [self._run_fixed(crops[i:i + largest]) for i in range(0, crops.shape[0], largest)]
+        if len(outs) == 1:
+            return outs[0]
+        return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
+
+    def warmup(self, dtype_in: torch.dtype = torch.uint8) -> float:
+        """Run every configured batch size once so real frames do not pay autotuning; returns ms."""
+        t0 = time.perf_counter()
+        for batch in sorted(self.config.batch_sizes, reverse=True):  # largest first: see _capture
+            self(torch.zeros(batch, 3, 256, 256, dtype=dtype_in, device=self.device))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.warmup_ms = (time.perf_counter() - t0) * 1e3
+        paid = [name for name, on in (("cuDNN autotuning", self.device.type == "cuda"),
+                                      ("compilation", self._compiled),
+                                      ("CUDA graph capture", self.config.cuda_graphs)) if on]
+        self._log(f"engine warm-up ({self.config.name}, batch sizes "
+                  f"{', '.join(map(str, self.config.batch_sizes))}): {self.warmup_ms / 1e3:.2f} s "
+                  f"({', '.join(paid) or 'first-call allocations'}), paid once at load")
+        return self.warmup_ms
+
+
+@dataclass
+class Agreement:
+    """How a fast mode's outputs compare with fp32 eager on the same crops."""
+
+    n: int
+    argmax_agreement: float
+    max_valence_diff: float
+    max_arousal_diff: float
+    tolerance: float = 0.01
+
+    @property
+    def ok(self) -> bool:
+        """Same arg-max everywhere; valence and arousal within the tolerance."""
+        return (self.argmax_agreement == 1.0 and self.max_valence_diff <= self.tolerance
+                and self.max_arousal_diff <= self.tolerance)
+
+    def format(self) -> str:
+        """One line for reports."""
+        return (f"{'OK' if self.ok else 'MISMATCH'}: arg-max agreement {self.argmax_agreement:.0%} "
+                f"over {self.n} crops, max |dV| {self.max_valence_diff:.4f}, max |dA| "
+                f"{self.max_arousal_diff:.4f} (tolerance {self.tolerance})")
+
+
+def compare(engine: Engine, reference: EmoNet, crops: torch.Tensor) -> Agreement:
+    """Compare ``engine`` with the fp32 eager ``reference`` model on ``crops`` (uint8 or float in [0, 1])."""
+    ref_dev = next(reference.parameters()).device
+    x = crops.float() / 255.0 if crops.dtype == torch.uint8 else crops.float()
+    with torch.inference_mode():
+        ref = reference.float().eval()(x.to(ref_dev))
+    got = engine(crops)
+    ref_cls = ref["expression"].argmax(1).cpu()
+    got_cls = got["expression"].argmax(1).cpu()
+    def diff(key: str) -> float:
+        return float((got[key].cpu().clamp(-1, 1) - ref[key].cpu().clamp(-1, 1)).abs().max())
+    return Agreement(n=len(crops), argmax_agreement=float((ref_cls == got_cls).float().mean()),
+                     max_valence_diff=diff("valence"), max_arousal_diff=diff("arousal"))

@@ -1,0 +1,84 @@
+"""Image files: finding them (files, folders, globs), decoding any of them to RGB, writing atomically."""
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable, Union
+
+import cv2
+import numpy as np
+
+from .atomic import write_bytes
+
+IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".jp2", ".pgm", ".ppm",
+                    ".pbm", ".pnm", ".exr", ".hdr", ".sr", ".ras"}
+
+
+class InputError(Exception):
+    """A path the user gave cannot be used; the message says which and why."""
+
+
+def collect_images(specs: Iterable[str]) -> list[Path]:
+    """Image paths from files, folders (searched recursively) and glob patterns, in a stable order."""
+    paths: list[Path] = []
+    for spec in specs:
+        p = Path(spec).expanduser()
+        if p.is_dir():
+            found = sorted(q for q in p.rglob("*") if q.suffix.lower() in IMAGE_EXTENSIONS and q.is_file())
+            if not found:
+                raise InputError(f"{spec}: the folder holds no images ({', '.join(sorted(IMAGE_EXTENSIONS)[:6])}, ...)")
+            paths += found
+        elif p.is_file():
+            paths.append(p)
+        elif glob.has_magic(spec):
+            found = sorted(Path(q) for q in glob.glob(os.path.expanduser(spec), recursive=True) if Path(q).is_file())
+            if not found:
+                raise InputError(f"{spec}: the pattern matches no file")
+            paths += found
+        else:
+            raise InputError(f"{spec}: no such file or folder")
+    seen, unique = set(), []
+    for p in paths:
+        key = p.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return unique
+
+
+def read_image(path: Union[str, Path]) -> np.ndarray:
+    """Decode any image OpenCV reads to RGB uint8 ``(H, W, 3)``: grayscale, RGBA and 16-bit included."""
+    path = Path(path)
+    try:
+        data = np.fromfile(str(path), dtype=np.uint8)  # also works for non-ASCII paths, unlike imread
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror})") from None
+    if data.size == 0:
+        raise InputError(f"{path}: the file is empty")
+    image = cv2.imdecode(data, cv2.IMREAD_COLOR)  # 3-channel BGR, 8-bit, EXIF orientation applied
+    if image is None:
+        raise InputError(f"{path}: not an image OpenCV can decode (corrupt, truncated or another format)")
+    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+def write_image(path: Union[str, Path], rgb: np.ndarray) -> None:
+    """Encode by the file's extension and write it whole or not at all (temporary name, then rename)."""
+    path = Path(path)
+    ok, buf = cv2.imencode(path.suffix or ".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    if not ok:
+        raise InputError(f"{path}: OpenCV cannot write this image format")
+    write_bytes(path, buf.tobytes())
+
+
+def check_writable_dir(path: Union[str, Path]) -> Path:
+    """Create ``path`` if needed and prove a file can be written there, before any work is done."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write there ({exc.strerror or exc})") from None
+    return path

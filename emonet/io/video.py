@@ -1,0 +1,329 @@
+"""Video I/O: frames decoded in a child process (memory stays flat), and a writer that leaves a whole file.
+
+The reader streams: a few shared-memory slots and a bounded queue hold the frames decoded ahead, so a
+video of any length uses the same memory.
+The writer encodes to a temporary name and renames on close, so an output is either a playable video
+or absent; closing it in a ``finally`` (also on Ctrl-C or SIGTERM) keeps every frame written so far.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+import cv2
+import numpy as np
+import torch
+
+from .images import InputError
+
+# FFmpeg's own messages ("moov atom not found", ...) would precede our one-line errors; OpenCV reads
+# this when its FFmpeg backend starts. -8 is AV_LOG_QUIET.
+
+@dataclass
+class Frame:
+    """One decoded frame: its index in the video, its time in seconds, its pixels (and an RGB copy on the GPU)."""
+
+    index: int
+    timestamp: float
+    host: Optional[np.ndarray]                    # (H, W, 3) uint8 RGB in host memory; None when the
+                                                  # reader kept only the GPU copy
+    pixels: Optional[torch.Tensor] = None         # (H, W, 3) uint8 RGB on the GPU, uploaded by the reader
+    ready: Optional["torch.cuda.Event"] = None    # recorded when that upload has finished
+
+    @property
+    def shape(self) -> tuple:
+        """``(H, W, 3)``."""
+        return self.host.shape if self.host is not None else tuple(self.pixels.shape)
+
+    @property
+    def image(self) -> np.ndarray:
+        """The RGB pixels in host memory (copied back from the GPU on first use if the reader kept none)."""
+        if self.host is None:
+            self.ready.synchronize()
+            self.host = self.pixels.cpu().numpy()
+        return self.host
+
+    def on_device(self, device: torch.device, stream: Optional["torch.cuda.Stream"] = None) -> torch.Tensor:
+        """The frame as an ``(H, W, 3)`` uint8 RGB tensor on ``device``, ordered on ``stream`` (default: the current one)."""
+        if self.pixels is not None and self.pixels.device == device:
+            stream = stream or torch.cuda.current_stream(device)
+            stream.wait_event(self.ready)
+            self.pixels.record_stream(stream)  # the reader's stream allocated it; this one reads it
+            return self.pixels
+        return torch.from_numpy(self.image).to(device, non_blocking=True)
+
+
+class _Decoder:
+    """OpenCV decoding in a child process (``decode_worker.py``); frames come back through shared memory.
+
+    In a thread of this process, decoding waited for the GIL whenever it handed a frame over, and
+    FFmpeg's threads idled meanwhile; a process of its own decodes ahead into a few reusable slots of a
+    memory-mapped file (in /dev/shm where there is room), which on a GPU are also page-locked for
+    asynchronous uploads.
+    """
+
+    SLOTS = 16
+    BUDGET = 256 << 20  # bytes of decoded frames held ahead, at most
+
+    def __init__(self, source: Union[str, int], start: float, max_frames: Optional[int], pin: bool) -> None:
+        spec = {"source": source, "start": start, "max_frames": max_frames, "slots": self.SLOTS,
+                "budget": self.BUDGET, "folders": ["/dev/shm", tempfile.gettempdir()]}
+        worker = Path(__file__).resolve().with_name("decode_worker.py")
+        # FFmpeg's own warnings (OpenCV prints them) are silenced in the child only.
+        env = {**os.environ, "OPENCV_FFMPEG_LOGLEVEL": os.environ.get("OPENCV_FFMPEG_LOGLEVEL", "-8")}
+        self.process = subprocess.Popen([sys.executable, str(worker), json.dumps(spec)], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        self.source = source
+        self.memory = None
+        self.slot_views: list[np.ndarray] = []
+        self._registered = None
+        line = self._line()
+        if line[0] == "X":
+            self.close()
+            camera = isinstance(source, int)
+            raise InputError(f"camera {source} could not be opened (no camera there, or it is in use)" if camera
+                             else f"{source}: not a video OpenCV can open (not a video, corrupt, or an unknown codec)")
+        if line[0] != "I":
+            self.close()
+            raise InputError(f"{source}: decoding could not start ({self._why(line)})")
+        _, fps, count, h, w, slots, path = line.split(" ", 6)
+        self.fps, self.frame_count = float(fps), int(count)
+        self.shape = (int(h), int(w), 3)
+        if path != "-":
+            with open(path, "r+b") as fh:
+                self.memory = mmap.mmap(fh.fileno(), 0)
+            os.unlink(path)  # both processes hold it mapped: nothing is left behind, however they end
+            whole = np.frombuffer(self.memory, dtype=np.uint8)
+            size = len(whole) // int(slots)
+            self.slot_views = [whole[i * size:(i + 1) * size] for i in range(int(slots))]
+            if pin:
+                # Page-locked, a slot uploads asynchronously, like torch's own pinned memory.
+                address = whole.ctypes.data
+                if int(torch.cuda.cudart().cudaHostRegister(address, len(whole), 0)) == 0:
+                    self._registered = address
+
+    def _line(self) -> str:
+        return self.process.stdout.readline().decode(errors="replace").rstrip("\n") or "?"
+
+    def _why(self, line: str) -> str:
+        if line[0] == "E":
+            return line[2:]
+        code = self.process.wait()
+        return f"the decoding process ended unexpectedly (exit code {code})"
+
+    def frames(self) -> Iterator[tuple[np.ndarray, float, Optional[int]]]:
+        """``(BGR frame, seconds its decoding took, slot)`` in order; hand each slot back with :meth:`release`."""
+        while True:
+            line = self._line()
+            kind = line[0]
+            if kind == "F":
+                _, slot, h, w, seconds = line.split(" ")
+                slot, shape = int(slot), (int(h), int(w), 3)
+                yield self.slot_views[slot][: shape[0] * shape[1] * 3].reshape(shape), float(seconds), slot
+            elif kind == "B":
+                _, h, w, seconds = line.split(" ")
+                shape = (int(h), int(w), 3)
+                data = bytearray(self.process.stdout.read(shape[0] * shape[1] * 3))
+                if len(data) != shape[0] * shape[1] * 3:
+                    raise RuntimeError(self._why("?"))
+                yield np.frombuffer(data, np.uint8).reshape(shape), float(seconds), None
+            elif kind == "D":
+                return
+            else:
+                raise RuntimeError(self._why(line))
+
+    def release(self, slot: Optional[int]) -> None:
+        """The parent is done with ``slot``: the child may decode into it again."""
+        if slot is not None:
+            try:
+                self.process.stdin.write(b"%d\n" % slot)
+                self.process.stdin.flush()
+            except BrokenPipeError:  # it has finished (the last frames, or --max-frames, were read)
+                pass
+
+    def close(self) -> None:
+        """End the child and free the shared memory (no upload from it may still be running)."""
+        if self.process.poll() is None:
+            self.process.kill()  # it holds nothing worth finishing: frames not yet read are not wanted
+        self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            try:
+                pipe.close()
+            except OSError:  # BrokenPipe flushing stdin
+                pass
+        if self._registered is not None:
+            torch.cuda.cudart().cudaHostUnregister(self._registered)
+            self._registered = None
+        self.slot_views = []
+        if self.memory is not None:
+            try:
+                self.memory.close()
+            except BufferError:  # a caller still holds a view: the mapping goes when that does
+                pass
+            self.memory = None
+
+
+class VideoReader:
+    """Iterate over ``Frame``s of a file, camera (``"0"``) or numbered images (``"dir/%04d.png"``), decoded ahead in a child process.
+
+    A thread of this process takes each decoded frame and, with a GPU, uploads it (as RGB) on a stream
+    of its own. ``keep_host=False`` keeps only that GPU copy (``Frame.image`` then copies it back on
+    demand): a run that never draws saves a host copy per frame.
+    """
+
+    def __init__(self, source: Union[str, int], start: float = 0.0, end: Optional[float] = None,
+                 max_frames: Optional[int] = None, queue_size: int = 32,
+                 device: Optional[torch.device] = None, keep_host: bool = True) -> None:
+        self.source = source
+        self.device = device if device is not None and torch.device(device).type == "cuda" else None
+        self.keep_host = keep_host or self.device is None
+        camera = isinstance(source, int) or (isinstance(source, str) and source.isdigit())
+        sequence = isinstance(source, str) and "%" in source  # numbered images: "frames/%04d.png"
+        if not camera and not sequence and Path(source).is_dir():
+            raise InputError(f"{source}: is a folder, not a video file")
+        if not camera and not sequence and not Path(source).is_file():
+            raise InputError(f"{source}: no such video file")
+        self._decoder = _Decoder(int(source) if camera else str(source), start, max_frames, pin=self.device is not None)
+        self.fps = self._decoder.fps
+        if not (0 < self.fps < 1000):
+            self.fps = 30.0  # cameras and some files report nothing usable
+        self.frame_count = self._decoder.frame_count
+        # (H, W, 3) of the first frame (zeros for a video without frames); updated if frames change size.
+        self.frame_shape = self._decoder.shape
+        self.start, self.end, self.max_frames = start, end, max_frames
+        self.first_index = int(round(start * self.fps)) if start > 0 else 0
+        if self.frame_count and self.first_index >= self.frame_count:
+            self._decoder.close()
+            raise InputError(f"{source}: --start {start:g} s is past the end of the video "
+                             f"({self.frame_count / self.fps:.2f} s, {self.frame_count} frames)")
+        self.decode_seconds = 0.0
+        self._queue: "queue.Queue[Optional[Frame]]" = queue.Queue(maxsize=queue_size)
+        self._stop = threading.Event()
+        self._error: Optional[BaseException] = None
+        # Started on the first iteration, not here: the child decodes only a few frames ahead until then.
+        self._thread = threading.Thread(target=self._run, name="emonet-frames", daemon=True)
+
+    @property
+    def expected_frames(self) -> Optional[int]:
+        """How many frames the run will see, when the container says (for the progress bar)."""
+        if not self.frame_count:
+            return self.max_frames
+        last = self.frame_count if self.end is None else min(self.frame_count, int(self.end * self.fps))
+        n = max(0, last - self.first_index)
+        return min(n, self.max_frames) if self.max_frames else n
+
+    def _frame(self, index: int, bgr: np.ndarray, stream: Optional["torch.cuda.Stream"]) -> Frame:
+        timestamp = index / self.fps  # from the index: some backends report the *next* frame's time
+        if stream is None:
+            return Frame(index, timestamp, host=cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+        # Uploaded as decoded and turned into RGB on the GPU (on this thread's own stream, made current
+        # once in _run): no CPU colour conversion unless a host copy is wanted (for drawing), made while
+        # the upload runs.
+        pixels = torch.from_numpy(bgr).to(self.device, non_blocking=True).flip(-1)
+        ready = torch.cuda.Event()
+        ready.record(stream)
+        host = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB) if self.keep_host else None
+        ready.synchronize()  # the slot is reused once this returns
+        return Frame(index, timestamp, host=host, pixels=pixels, ready=ready)
+
+    def _run(self) -> None:
+        index = self.first_index
+        stream = torch.cuda.Stream(self.device) if self.device is not None else None
+        if stream is not None:
+            torch.cuda.set_stream(stream)  # current streams are per thread: this one's, for good
+        try:
+            for bgr, seconds, slot in self._decoder.frames():
+                if self._stop.is_set():
+                    break
+                self.decode_seconds += seconds
+                if self.end is not None and index / self.fps > self.end:
+                    break
+                self.frame_shape = bgr.shape
+                frame = self._frame(index, bgr, stream)
+                self._decoder.release(slot)
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(frame, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                index += 1
+        except BaseException as exc:  # reported to the consumer, never lost in the thread
+            self._error = exc
+        finally:
+            self._put_end()
+
+    def _put_end(self) -> None:
+        while True:
+            try:
+                self._queue.put(None, timeout=0.1)
+                return
+            except queue.Full:
+                if self._stop.is_set():
+                    return
+
+    def __iter__(self) -> Iterator[Frame]:
+        if self._thread.ident is None:  # not started yet
+            self._thread.start()
+        while True:
+            item = self._queue.get()
+            if item is None:
+                if self._error is not None:
+                    raise InputError(f"{self.source}: decoding failed ({self._error})")
+                return
+            yield item
+
+    def close(self) -> None:
+        """Stop decoding and release the file or camera."""
+        self._stop.set()
+        if self._decoder.process.poll() is None:
+            self._decoder.process.kill()  # also ends a wait of the thread for the next frame
+        while self._thread.is_alive():
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                self._thread.join(timeout=0.1)
+        self._decoder.close()
+
+
+class VideoWriter:
+    """mp4v (MPEG-4 Part 2) video, written under a temporary name and renamed on close."""
+
+    def __init__(self, path: Union[str, Path], fps: float, size: tuple[int, int]) -> None:
+        self.path = Path(path)
+        self.size = size
+        # Same folder and extension: OpenCV picks the container from the name; the rename is atomic.
+        self.tmp = self.path.with_name(f".{self.path.stem}.partial{self.path.suffix or '.mp4'}")
+        self.writer = cv2.VideoWriter(str(self.tmp), cv2.VideoWriter_fourcc(*"mp4v"), fps, size)
+        if not self.writer.isOpened():
+            self.tmp.unlink(missing_ok=True)
+            raise InputError(f"{self.path}: OpenCV cannot write an mp4v video there (use a .mp4 or .avi name "
+                             f"in a writable folder)")
+        self.frames = 0
+        self.resized = False
+
+    def write(self, rgb: np.ndarray) -> None:
+        """Append one RGB frame (resized to the video's size if the source changed size)."""
+        if (rgb.shape[1], rgb.shape[0]) != self.size:
+            rgb = cv2.resize(rgb, self.size, interpolation=cv2.INTER_AREA)
+            self.resized = True
+        self.writer.write(cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+        self.frames += 1
+
+    def close(self) -> Optional[Path]:
+        """Finish the file and move it into place; a video with no frame is removed instead."""
+        self.writer.release()
+        if self.frames == 0:
+            self.tmp.unlink(missing_ok=True)
+            return None
+        os.replace(self.tmp, self.path)
+        return self.path

@@ -1,0 +1,71 @@
+"""Typed results: one :class:`FaceResult` per face per image or frame, and how it is written as a JSON
+record or a CSV row. Nothing else in the package turns network outputs into results
+(:meth:`emonet.pipeline.Pipeline.collect` is the one place that builds them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+N_LANDMARKS = 68
+
+
+@dataclass
+class FaceResult:
+    """One face in one image or video frame: where it is, and what EmoNet reads from it."""
+
+    frame: int                      # index of the image (photos, datasets) or frame (video) it belongs to
+    face_id: int                    # video: the track id, stable over frames; photos: the face's index
+    box: np.ndarray                 # x1, y1, x2, y2 in image pixels (detector box, or the landmarks' box)
+    score: float                    # detection score (between detections: the track's last one)
+    detected: bool                  # the detector ran on this frame and found this face
+    expression: int                 # arg-max class index
+    probabilities: np.ndarray       # softmax over the classes
+    valence: float                  # clamped to [-1, 1]
+    arousal: float                  # clamped to [-1, 1]
+    landmarks: np.ndarray           # (68, 2) x, y in image pixels
+    matrix: np.ndarray = field(repr=False)  # image -> 256x256 crop affine the prediction was made on
+
+    def top(self, class_names: Sequence[str], k: int = 3) -> list[tuple[str, float]]:
+        """The k most probable classes with their probabilities."""
+        order = np.argsort(-self.probabilities)[:k]
+        return [(class_names[i], float(self.probabilities[i])) for i in order]
+
+
+def face_record(face: FaceResult, class_names: Sequence[str]) -> dict:
+    """One face as JSON: index, box, score, expression, probabilities by class name, valence, arousal, landmarks."""
+    return {
+        "face_index": face.face_id,
+        "box": [round(float(v), 2) for v in face.box],
+        "score": round(face.score, 4),
+        "expression": class_names[face.expression],
+        "expression_index": face.expression,
+        "probabilities": {name: round(float(p), 5) for name, p in zip(class_names, face.probabilities)},
+        "valence": round(face.valence, 5),
+        "arousal": round(face.arousal, 5),
+        "landmarks": [[round(float(x), 2), round(float(y), 2)] for x, y in face.landmarks],
+    }
+
+
+def frame_fields(class_names: Sequence[str], landmarks: bool) -> list[str]:
+    """The columns of a per-face-per-frame row (video CSV and JSONL)."""
+    fields = ["frame", "timestamp", "face_id", "detected", "score", "x1", "y1", "x2", "y2", "expression",
+              *[f"p_{c}" for c in class_names], "valence", "arousal"]
+    if landmarks:
+        # Not "x1", "y1", ...: those name the box's corners.
+        fields += [f"lm{i}_{axis}" for i in range(N_LANDMARKS) for axis in ("x", "y")]
+    return fields
+
+
+def frame_row(face: Optional[FaceResult], frame: int, timestamp: float, class_names: Sequence[str],
+              landmarks: bool) -> dict:
+    """One row of :func:`frame_fields`; ``face=None`` is the row of a frame with no face (empty values)."""
+    if face is None:
+        return {"frame": frame, "timestamp": round(timestamp, 4)}
+    values = [frame, round(timestamp, 4), face.face_id, int(face.detected), round(face.score, 4),
+              *np.round(face.box, 2).tolist(), class_names[face.expression],
+              *np.round(face.probabilities, 5).tolist(), round(face.valence, 5), round(face.arousal, 5)]
+    if landmarks:
+        values += np.round(face.landmarks, 2).ravel().tolist()  # lm0_x, lm0_y, lm1_x, ...
+    return dict(zip(frame_fields(class_names, landmarks), values))

@@ -184,7 +184,7 @@ def test_cuda_graph_mode_agrees_with_fp32(reference_model, streams):
                                                             fold_bn=True, cuda_graphs=True, streams=streams,
                                                             batch_sizes=(1, 8, 16), heatmaps=True))
     crops = real_face_crops(11)
-    agreement = compare(engine, reference_model.to("cuda:0"), crops)
+    agreement = compare(engine, copy.deepcopy(reference_model).to("cuda:0"), crops)
     assert agreement.ok, agreement.format()
     # A crop alone (the batch-1 graph) gives what it gives inside a padded batch, to fp16 precision.
     batched = engine(crops)
@@ -241,11 +241,15 @@ def test_graphs_for_many_batch_sizes_hold_no_more_than_one_graph_does(parity_che
     assert more < 8 * 2**20, f"graphs for 5 batch sizes held {more / 2**20:.0f} MiB more than one graph"
 
 
-def test_aot_mode_is_refused_on_cuda_where_it_crashed(reference_model, monkeypatch):
-    monkeypatch.delenv("EMONET_ALLOW_AOT_CUDA", raising=False)
-    # The refusal comes before anything touches the GPU, so this runs on a machine without one.
-    with pytest.raises(ValueError, match="compile='aot' is disabled on CUDA"):
-        Engine(reference_model, "cuda:0", EngineConfig(compile="aot"))
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_streamed_batches_can_skip_cudnn_autotuning(reference_model, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)  # as the tools set it; restored after the test
+    config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, cuda_graphs=True, streams=8,
+                          batch_sizes=(1, 8, 16), autotune_streamed=False)
+    engine = Engine(reference_model, "cuda:0", config)
+    assert torch.backends.cudnn.benchmark is True  # switched off only while the small batches warmed up
+    agreement = compare(engine, copy.deepcopy(reference_model).to("cuda:0"), real_face_crops(11))
+    assert agreement.ok, agreement.format()
 
 
 def test_compile_settings_are_passed_per_call_and_never_set_globally(reference_model, tmp_path, monkeypatch):

@@ -224,7 +224,11 @@ def load_model(weights: Union[str, Path] = "pretrained", n_expression: Optional[
     if n_expression is not None and n_expression < 1:
         raise CheckpointError(f"the number of classes must be positive, got {n_expression}")
     if str(weights) == "random":
-        model = EmoNet(n_expression or 8)
+        # Seeded, without touching the global generator: every run of a tool draws the same untrained
+        # network, so its outputs can be compared between runs (they still mean nothing).
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = EmoNet(n_expression or 8)
         model.weights_source = "random"
         return model.to(dev).eval()
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Optional
 
 from ..evaluation.loop import run
@@ -53,5 +54,4 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
     sys.exit(main())

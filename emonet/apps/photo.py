@@ -150,5 +150,4 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
     sys.exit(main())

@@ -384,5 +384,4 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
     sys.exit(main())

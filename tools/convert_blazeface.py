@@ -104,7 +104,7 @@ def check(models: dict[str, bytes], weights: Path) -> float:
     """Largest relative difference between the PyTorch and TFLite raw outputs on the check photos."""
     import cv2
     from ai_edge_litert.interpreter import Interpreter
-    from emonet.detection import BlazeFaceDetector
+    from emonet.detection.blazeface import BlazeFaceDetector
 
     worst = 0.0
     for key, model_bytes in models.items():

@@ -20,8 +20,11 @@ setup(
         "face-alignment>=1.4",
         "numpy>=1.22",
         "tqdm>=4.60",
+        "av>=12",             # H.264 annotated video (its wheels carry FFmpeg with libx264)
+        "matplotlib>=3.5",    # per-video plots
     ],
-    extras_require={"test": ["pytest>=7"]},
+    # scikit-image: its sample photos (faces and not) are the detector tests' real photos.
+    extras_require={"test": ["pytest>=7", "scikit-image>=0.21"]},
     entry_points={"console_scripts": [
         "emonet-photo = emonet.apps.photo:main",
         "emonet-video = emonet.apps.video:main",

@@ -6,6 +6,7 @@ from typing import Optional, Sequence
 import cv2
 import numpy as np
 
+from .geometry import CROP_SIZE, apply
 from .results import FaceResult
 
 # One colour per expression class (RGB), stable across images and videos.
@@ -28,6 +29,13 @@ def _text(img: np.ndarray, text: str, org: tuple[int, int], scale: float, color,
     cv2.putText(img, text, (x, y), FONT, scale, color, thickness, cv2.LINE_AA)
 
 
+def _darken(img: np.ndarray, x1: int, y1: int, x2: int, y2: int, alpha: float) -> None:
+    """Blend the rectangle towards black by ``alpha``, in place (only that region is touched)."""
+    roi = img[max(y1, 0):max(y2, 0), max(x1, 0):max(x2, 0)]
+    if roi.size:
+        cv2.convertScaleAbs(roi, dst=roi, alpha=1.0 - alpha)
+
+
 def _label_block(img: np.ndarray, lines, anchor: tuple[int, int], scale: float, thickness: int) -> None:
     """Lines of text on a dark box just above ``anchor`` (below it when there is no room above)."""
     sizes = [cv2.getTextSize(t, FONT, scale, thickness)[0] for t, _ in lines]
@@ -36,9 +44,7 @@ def _label_block(img: np.ndarray, lines, anchor: tuple[int, int], scale: float, 
     height = sum(h for _, h in sizes) + gap * (len(lines) - 1) + 2 * pad + int(6 * scale)
     x = int(np.clip(anchor[0], 0, max(0, img.shape[1] - width)))
     y = anchor[1] - height if anchor[1] - height >= 0 else anchor[1]
-    overlay = img.copy()
-    cv2.rectangle(overlay, (x, y), (x + width, y + height), (0, 0, 0), -1)
-    cv2.addWeighted(overlay, 0.55, img, 0.45, 0, dst=img)
+    _darken(img, x, y, x + width, y + height, 0.55)
     cy = y + pad
     for (text, color), (_, h) in zip(lines, sizes):
         cy += h
@@ -48,9 +54,13 @@ def _label_block(img: np.ndarray, lines, anchor: tuple[int, int], scale: float, 
 
 def _circumplex_disc(img: np.ndarray, center: tuple[int, int], radius: int) -> None:
     cx, cy = int(center[0]), int(center[1])
-    overlay = img.copy()
-    cv2.circle(overlay, (cx, cy), radius, (30, 30, 30), -1, cv2.LINE_AA)
-    cv2.addWeighted(overlay, 0.6, img, 0.4, 0, dst=img)
+    # Blended on the disc's own square only: a whole-image copy per disc cost more than all the rest.
+    x0, y0 = max(cx - radius - 1, 0), max(cy - radius - 1, 0)
+    roi = img[y0:cy + radius + 2, x0:cx + radius + 2]
+    if roi.size:
+        overlay = roi.copy()
+        cv2.circle(overlay, (cx - x0, cy - y0), radius, (30, 30, 30), -1, cv2.LINE_AA)
+        cv2.addWeighted(overlay, 0.6, roi, 0.4, 0, dst=roi)
     cv2.circle(img, (cx, cy), radius, (220, 220, 220), 1, cv2.LINE_AA)
     cv2.line(img, (cx - radius, cy), (cx + radius, cy), (150, 150, 150), 1, cv2.LINE_AA)
     cv2.line(img, (cx, cy - radius), (cx, cy + radius), (150, 150, 150), 1, cv2.LINE_AA)
@@ -61,16 +71,22 @@ def _circumplex_disc(img: np.ndarray, center: tuple[int, int], radius: int) -> N
 
 def _circumplex_point(img: np.ndarray, center: tuple[int, int], radius: int, valence: float, arousal: float,
                       color, trail: Optional[Sequence[tuple[float, float]]] = None) -> None:
-    def point(v: float, a: float) -> tuple[int, int]:
-        return (int(round(center[0] + np.clip(v, -1, 1) * radius)),
-                int(round(center[1] - np.clip(a, -1, 1) * radius)))
+    def points(va: np.ndarray) -> list:
+        va = np.clip(np.asarray(va, np.float64).reshape(-1, 2), -1, 1)
+        xy = np.rint(np.stack([center[0] + va[:, 0] * radius, center[1] - va[:, 1] * radius], 1))
+        return [tuple(p) for p in xy.astype(np.int64).tolist()]
 
     if trail:
-        pts = [point(v, a) for v, a in trail]
+        pts = points(trail)
         for i in range(1, len(pts)):
             shade = tuple(int(c * (0.3 + 0.7 * i / len(pts))) for c in color)  # older: darker
             cv2.line(img, pts[i - 1], pts[i], shade, 1, cv2.LINE_AA)
-    cv2.circle(img, point(valence, arousal), max(2, radius // 12), color, -1, cv2.LINE_AA)
+    cv2.circle(img, points([valence, arousal])[0], max(2, radius // 12), color, -1, cv2.LINE_AA)
+
+
+def _draw_points(img: np.ndarray, points: np.ndarray, radius: int, color=(0, 255, 255)) -> None:
+    for x, y in np.rint(points).astype(np.int64).tolist():
+        cv2.circle(img, (x, y), radius, color, -1, cv2.LINE_AA)
 
 
 def draw_circumplex(img: np.ndarray, center: tuple[int, int], radius: int, valence: float, arousal: float,
@@ -94,9 +110,7 @@ def draw_face(img: np.ndarray, face: FaceResult, class_names: Sequence[str], lab
              (f"V {face.valence:+.2f}  A {face.arousal:+.2f}", (255, 255, 255))]
     _label_block(img, lines, (x1, y1), fs, max(1, thick))
     if landmarks:
-        r = max(1, size // 100)
-        for x, y in face.landmarks:
-            cv2.circle(img, (int(round(x)), int(round(y))), r, (0, 255, 255), -1, cv2.LINE_AA)
+        _draw_points(img, face.landmarks, max(1, size // 100))
     radius = int(np.clip(size * 0.25, 18, 90))
     h, w = img.shape[:2]
     cx = x2 + radius + 6 if x2 + 2 * radius + 6 < w else max(radius, x1 - radius - 6)
@@ -117,6 +131,12 @@ def annotate(image: np.ndarray, faces: Sequence[FaceResult], class_names: Sequen
              banner: Optional[str] = None, labels: Optional[Sequence[str]] = None) -> np.ndarray:
     """A copy of ``image`` (RGB) with every face drawn; ``labels`` name the faces (default #0, #1, ...)."""
     out = image.copy()
+    _annotate_in_place(out, faces, class_names, banner, labels)
+    return out
+
+
+def _annotate_in_place(out: np.ndarray, faces: Sequence[FaceResult], class_names: Sequence[str],
+                       banner: Optional[str], labels: Optional[Sequence[str]]) -> None:
     for i, face in enumerate(faces):
         label = labels[i] if labels is not None else (f"#{i}" if len(faces) > 1 else None)
         draw_face(out, face, class_names, label=label)
@@ -124,7 +144,27 @@ def annotate(image: np.ndarray, faces: Sequence[FaceResult], class_names: Sequen
         _text(out, "no face found", (10, out.shape[0] - 12), 0.7, (255, 80, 80), 2)
     if banner:
         draw_banner(out, banner)
-    return out
+
+
+def panel_width(height: int) -> int:
+    """Width of the video side panel beside a frame of this height."""
+    return max(200, height // 2)
+
+
+def _panel_layout(height: int) -> tuple[int, int, int, tuple[int, int]]:
+    width = panel_width(height)
+    side = min(width, int(height * 0.5))
+    radius = max(20, min(width, height - side - 40) // 2 - 12)
+    center = (width // 2, min(height - radius - 8, side + 40 + radius))
+    return width, side, radius, center
+
+
+def panel_background(height: int) -> np.ndarray:
+    """The side panel's unchanging part (background and circumplex disc), drawn once per video."""
+    width, _, radius, center = _panel_layout(height)
+    panel = np.full((height, width, 3), 24, np.uint8)
+    _circumplex_disc(panel, center, radius)
+    return panel
 
 
 def side_panel(height: int, crop: Optional[np.ndarray], crop_landmarks: Optional[np.ndarray],
@@ -132,23 +172,67 @@ def side_panel(height: int, crop: Optional[np.ndarray], crop_landmarks: Optional
                caption: str = "") -> np.ndarray:
     """The video panel: the main face's crop with its landmarks over the valence-arousal circumplex.
 
-    ``tracks``: (label, colour, valence, arousal, trail) per face.
+    ``crop`` is square (any side; the panel's own side avoids a resize) and ``crop_landmarks`` are in its
+    pixels. ``tracks``: (label, colour, valence, arousal, trail) per face.
     """
-    width = max(200, height // 2)
-    panel = np.full((height, width, 3), 24, np.uint8)
-    side = min(width, int(height * 0.5))
+    _, side, radius, center = _panel_layout(height)
+    return _fill_panel(panel_background(height), side, radius, center, crop, crop_landmarks, tracks, caption)
+
+
+def _fill_panel(panel: np.ndarray, side: int, radius: int, center: tuple[int, int], crop, crop_landmarks,
+                tracks, caption: str) -> np.ndarray:
+    width = panel.shape[1]
     if crop is not None:
-        face = cv2.resize(crop, (side, side), interpolation=cv2.INTER_AREA)
-        if crop_landmarks is not None:
-            for x, y in crop_landmarks * (side / crop.shape[1]):
-                cv2.circle(face, (int(round(x)), int(round(y))), 2, (0, 255, 255), -1, cv2.LINE_AA)
+        face = crop if crop.shape[0] == side else cv2.resize(crop, (side, side), interpolation=cv2.INTER_AREA)
         x0 = (width - side) // 2
         panel[:side, x0:x0 + side] = face
+        if crop_landmarks is not None:
+            _draw_points(panel[:side, x0:x0 + side], crop_landmarks * (side / crop.shape[1]), 2)
     if caption:
         _text(panel, caption, (8, side + 22), 0.5, (255, 255, 255))
-    radius = max(20, min(width, height - side - 40) // 2 - 12)
-    center = (width // 2, min(height - radius - 8, side + 40 + radius))
-    _circumplex_disc(panel, center, radius)
     for _, color, v, a, trail in tracks:
         _circumplex_point(panel, center, radius, v, a, color, trail)
     return panel
+
+
+class FramePainter:
+    """Annotated video frames: the frame with every face drawn, and the side panel beside it.
+
+    Holds what is the same for every frame of a video (the panel's background), so a frame costs only
+    what changes; one painter may serve several threads.
+    """
+
+    def __init__(self, class_names: Sequence[str], banner: Optional[str] = None) -> None:
+        self.class_names = list(class_names)
+        self.banner = banner
+        self._backgrounds: dict[int, np.ndarray] = {}
+
+    def __call__(self, image: np.ndarray, faces: Sequence[tuple[FaceResult, Sequence[tuple[float, float]]]],
+                 colors: Sequence[tuple[int, int, int]]) -> np.ndarray:
+        """``image`` (RGB) and its faces, each with its valence/arousal trail, as one ``(H, W + panel, 3)`` frame."""
+        h, w = image.shape[:2]
+        background = self._backgrounds.get(h)
+        if background is None:
+            background = self._backgrounds.setdefault(h, panel_background(h))
+        width, side, radius, center = _panel_layout(h)
+        out = np.empty((h, w + width, 3), np.uint8)
+        out[:, :w] = image
+        out[:, w:] = background
+        results = [f for f, _ in faces]
+        crop = crop_lm = None
+        caption = "no face"
+        if results:
+            # The main face, cut straight to the panel's size (one warp, no resize), before drawing on the frame.
+            face = max(results, key=lambda f: f.box[2] - f.box[0])
+            matrix = np.asarray(face.matrix, np.float64) * (side / CROP_SIZE)
+            crop = cv2.warpAffine(image, matrix, (side, side), flags=cv2.INTER_LINEAR,
+                                  borderMode=cv2.BORDER_CONSTANT)
+            crop_lm = apply(matrix, face.landmarks)
+            caption = (f"#{face.face_id} {self.class_names[face.expression]} "
+                       f"{face.probabilities[face.expression]:.2f}")
+        _annotate_in_place(out[:, :w], results, self.class_names, self.banner,
+                           [f"#{f.face_id}" for f in results])
+        _fill_panel(out[:, w:], side, radius, center, crop, crop_lm,
+                    [(f"#{f.face_id}", c, f.valence, f.arousal, trail) for (f, trail), c in zip(faces, colors)],
+                    caption)
+        return out

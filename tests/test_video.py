@@ -35,6 +35,32 @@ def demo_video(*args, **kwargs):
                           text=True, timeout=300, **kwargs)
 
 
+def top_level_boxes(path: Path) -> list[str]:
+    """The MP4 file's top-level box types, in order (``moov`` before ``mdat``: it streams)."""
+    data, boxes, at = path.read_bytes(), [], 0
+    while at + 8 <= len(data):
+        size, kind = int.from_bytes(data[at:at + 4], "big"), data[at + 4:at + 8].decode("latin-1")
+        if size == 1:
+            size = int.from_bytes(data[at + 8:at + 16], "big")
+        boxes.append(kind)
+        if size < 8:
+            break
+        at += size
+    return boxes
+
+
+def probe(path: Path) -> dict:
+    """Codec, pixel format, frame rate and the number of frames actually decoded (PyAV)."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        info = {"codec": stream.codec_context.name, "pix_fmt": stream.codec_context.pix_fmt,
+                "fps": float(stream.average_rate), "width": stream.width}
+        info["frames"] = sum(1 for _ in container.decode(stream))
+    return info
+
+
 def frame_count(path: Path) -> int:
     cap = cv2.VideoCapture(str(path))
     n = 0
@@ -53,10 +79,13 @@ def test_video_csv_jsonl_and_stable_ids(clip, tmp_path):
                      "--output", tmp_path / "out.mp4", "--csv", tmp_path / "f.csv", "--jsonl", tmp_path / "f.jsonl",
                      "--landmarks")
     assert out.returncode == 0, out.stderr
-    assert frame_count(tmp_path / "out.mp4") == 25
-    cap = cv2.VideoCapture(str(tmp_path / "out.mp4"))
-    assert cap.get(cv2.CAP_PROP_FPS) == pytest.approx(25, abs=0.1)
-    assert cap.get(cv2.CAP_PROP_FRAME_WIDTH) > 480  # the frame and the panel beside it
+    # Plays in a browser: H.264 in yuv420p, the index (moov) before the data, every frame, the source's rate.
+    info = probe(tmp_path / "out.mp4")
+    assert (info["codec"], info["pix_fmt"], info["frames"]) == ("h264", "yuv420p", 25)
+    assert info["fps"] == pytest.approx(25) and info["width"] > 480  # the frame and the panel beside it
+    boxes = top_level_boxes(tmp_path / "out.mp4")
+    assert boxes.index("moov") < boxes.index("mdat")
+    assert frame_count(tmp_path / "out.mp4") == 25  # OpenCV reads it too
     rows = list(csv.DictReader((tmp_path / "f.csv").open()))
     assert [int(r["frame"]) for r in rows] == list(range(25))  # one face per frame, or one empty row
     with_face = [r for r in rows if r["face_id"] != ""]
@@ -102,7 +131,9 @@ def test_an_interrupted_run_keeps_a_playable_video_and_every_finished_row(tmp_pa
     assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
     rows = list(csv.DictReader((tmp_path / "f.csv").open()))
     assert 3 <= len(rows) < 150
-    assert frame_count(tmp_path / "out.mp4") == len(rows)  # the video holds exactly the finished frames
+    assert probe(tmp_path / "out.mp4")["frames"] == len(rows)  # the video holds exactly the finished frames
+    boxes = top_level_boxes(tmp_path / "out.mp4")
+    assert boxes.index("moov") < boxes.index("mdat")
     assert not list(tmp_path.glob(".*partial*"))
 
 
@@ -122,6 +153,38 @@ def test_unwritable_output_and_wrong_extension(clip, tmp_path):
     assert out.returncode == 2 and "cannot write there" in out.stderr
     out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--output", tmp_path / "o.gif")
     assert out.returncode == 2 and ".mp4" in out.stderr
+
+
+@pytest.mark.parametrize("codec, name", [("h264", "h264"), ("mp4v", "mpeg4")])
+def test_writer_codecs_keep_colours_size_and_frames(tmp_path, codec, name):
+    from emonet.io.video import VideoWriter
+
+    image = np.zeros((121, 203, 3), np.uint8)  # odd sides: H.264's yuv420p needs even ones
+    image[:, :100] = (220, 40, 40)
+    image[60:] = (30, 200, 90)
+    writer = VideoWriter(tmp_path / "v.mp4", 30000 / 1001, (203, 121), codec=codec)
+    for i in range(12):
+        writer.write(image, index=100 + i)
+    assert not (tmp_path / "v.mp4").exists()  # written under a temporary name until closed
+    assert writer.close() == tmp_path / "v.mp4" and not list(tmp_path.glob(".*partial*"))
+    info = probe(tmp_path / "v.mp4")
+    assert info["codec"] == name and info["frames"] == 12 and info["fps"] == pytest.approx(29.97, abs=0.01)
+    cap = cv2.VideoCapture(str(tmp_path / "v.mp4"))
+    ok, bgr = cap.read()
+    h, w = min(bgr.shape[0], 121), min(bgr.shape[1], 203)  # OpenCV's mp4v drops an odd line; H.264 pads it
+    assert ok and h >= 120 and w >= 202
+    assert np.abs(cv2.cvtColor(bgr[:h, :w], cv2.COLOR_BGR2RGB).astype(int) - image[:h, :w]).mean() < 6
+
+
+def test_writer_refuses_unknown_containers_and_codecs(tmp_path):
+    from emonet.io.images import InputError
+    from emonet.io.video import VideoWriter
+
+    with pytest.raises(InputError, match=r"\.mp4"):
+        VideoWriter(tmp_path / "v.gif", 25, (64, 64))
+    with pytest.raises(InputError, match="codec"):
+        VideoWriter(tmp_path / "v.mp4", 25, (64, 64), codec="vp9")
+    assert not list(tmp_path.iterdir())
 
 
 def test_reader_frames_are_rgb(clip):

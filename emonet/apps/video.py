@@ -26,11 +26,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..drawing import PALETTE, annotate, side_panel
-from ..geometry import apply, warp_crops
+from ..drawing import PALETTE, FramePainter
 from ..io.atomic import AtomicFile
 from ..io.images import InputError, check_writable_dir
-from ..io.video import Frame, VideoReader, VideoWriter
+from ..io.video import CODECS, Frame, VideoReader, VideoWriter, check_video_name
 from ..models.weights import UNTRAINED_LABEL
 from ..pipeline import PendingChunk, Pipeline, VideoPipeline
 from ..results import FaceResult, frame_fields, frame_row
@@ -157,7 +156,7 @@ class VideoJob:
         self._seconds_lock = threading.Lock()
         self.timer = LatencyTimer(self.engine.device)
         self.frames = self.faces = 0
-        self.banner = f"EmoNet: {UNTRAINED_LABEL}" if self.engine.untrained else None
+        self.painter = FramePainter(self.names, f"EmoNet: {UNTRAINED_LABEL}" if self.engine.untrained else None)
 
     def _sync(self) -> None:
         if self.engine.device.type == "cuda":
@@ -207,30 +206,19 @@ class VideoJob:
         with self._seconds_lock:  # several drawing threads add up
             self.seconds[stage] += seconds
 
-    def _draw_one(self, frame: Frame, faces) -> np.ndarray:
+    def _draw_one(self, frame: Frame, faces) -> tuple[int, np.ndarray]:
         t0 = time.perf_counter()
-        image = annotate(frame.image, [f for f, _ in faces], self.names, self.banner,
-                         labels=[f"#{f.face_id}" for f, _ in faces])
-        crop = crop_lm = None
-        caption = "no face"
-        if faces:
-            face = max((f for f, _ in faces), key=lambda f: f.box[2] - f.box[0])
-            crop = warp_crops(frame.image, [face.matrix])[0]
-            crop_lm = apply(face.matrix, face.landmarks)
-            caption = f"#{face.face_id} {self.names[face.expression]} {face.probabilities[face.expression]:.2f}"
-        panel = side_panel(image.shape[0], crop, crop_lm,
-                           [(f"#{f.face_id}", _color(f.face_id), f.valence, f.arousal, trail) for f, trail in faces],
-                           caption)
-        composed = np.concatenate([image, panel], axis=1)
+        composed = self.painter(frame.image, faces, [_color(f.face_id) for f, _ in faces])
         self._add_seconds("draw", time.perf_counter() - t0)
-        return composed
+        return frame.index, composed
 
     def _encode_one(self, drawn: Future) -> None:
-        composed = drawn.result()  # a drawing error surfaces here, and so in the producer
+        index, composed = drawn.result()  # a drawing error surfaces here, and so in the producer
         t0 = time.perf_counter()
         if self.writer is None:
-            self.writer = VideoWriter(self.args.output, self.reader.fps, (composed.shape[1], composed.shape[0]))
-        self.writer.write(composed)
+            self.writer = VideoWriter(self.args.output, self.reader.fps, (composed.shape[1], composed.shape[0]),
+                                      codec=self.args.codec)
+        self.writer.write(composed, index)
         self._add_seconds("encode", time.perf_counter() - t0)
 
     def close(self) -> Optional[Path]:
@@ -255,8 +243,8 @@ def run(args: argparse.Namespace) -> int:
     for path in (args.output, args.csv, args.jsonl):
         if path:
             check_writable_dir(Path(path).parent if str(Path(path).parent) else Path("."))
-    if args.output and Path(args.output).suffix.lower() not in (".mp4", ".avi", ".mov", ".m4v"):
-        raise InputError(f"{args.output}: the annotated video needs a .mp4, .avi, .mov or .m4v name")
+    if args.output:
+        check_video_name(args.output, args.codec)
     reader = VideoReader(args.video, start=args.start, end=args.end, max_frames=args.max_frames,
                          device=select_device(args.device, quiet=True),
                          keep_host=bool(args.output))  # only drawing needs it
@@ -345,7 +333,11 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     parser.add_argument("--video", required=True, help="video file, numbered images (\"frames/%%04d.png\") or a "
                                                        "camera index such as 0")
     out = parser.add_argument_group("outputs (at least one)")
-    out.add_argument("--output", metavar="FILE", help="annotated video (.mp4, mp4v codec, the source's frame rate)")
+    out.add_argument("--output", metavar="FILE", help="annotated video at the source's frame rate (.mp4; also .mov, "
+                                                      ".mkv, .avi)")
+    out.add_argument("--codec", choices=CODECS, default="h264",
+                     help="h264 (default: yuv420p, index at the front, plays in browsers and players; needs "
+                          "PyAV) or mp4v (MPEG-4 Part 2 through OpenCV, for setups without PyAV)")
     out.add_argument("--csv", metavar="FILE", help="one row per face per frame (a frame with no face: one row "
                                                    "with empty values)")
     out.add_argument("--jsonl", metavar="FILE", help="the same rows as JSON lines")

@@ -2,17 +2,34 @@
 
 One path for every face: images -> :mod:`emonet.detection` -> crops (:mod:`emonet.geometry`) ->
 :mod:`emonet.engine` -> :class:`emonet.results.FaceResult` (:mod:`emonet.pipeline`), the same for photos,
-video frames and datasets.
+video frames and datasets. The names below are imported on first use, so ``import emonet`` (and a
+drawing or decoding worker that imports one submodule) does not pay for torch until it is needed.
 """
-from .classes import EXPRESSIONS_5, EXPRESSIONS_8, class_names
-from .models import WEIGHTS, CheckpointError, EmoNet, Weights, load_model
-from .runtime import RuntimeConfig, configure, select_device
-from .timing import LatencyTimer, model_cost
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.2.0"
 
-__all__ = [
-    "EmoNet", "load_model", "Weights", "WEIGHTS", "CheckpointError", "class_names",
-    "EXPRESSIONS_8", "EXPRESSIONS_5", "RuntimeConfig", "configure", "select_device",
-    "LatencyTimer", "model_cost", "__version__",
-]
+_EXPORTS = {
+    "EmoNet": "models", "load_model": "models", "Weights": "models", "WEIGHTS": "models",
+    "CheckpointError": "models", "class_names": "classes", "EXPRESSIONS_8": "classes",
+    "EXPRESSIONS_5": "classes", "RuntimeConfig": "runtime", "configure": "runtime",
+    "select_device": "runtime", "LatencyTimer": "timing", "model_cost": "timing",
+    "analyze_video": "api", "summarize": "api", "read_faces": "api",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'emonet' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

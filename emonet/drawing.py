@@ -6,8 +6,7 @@ from typing import Optional, Sequence
 import cv2
 import numpy as np
 
-from .geometry import CROP_SIZE, apply
-from .results import FaceResult
+from .results import CROP_SIZE, FaceResult  # not geometry: drawing workers run without torch
 
 # One colour per expression class (RGB), stable across images and videos.
 PALETTE = [(200, 200, 200), (80, 220, 80), (70, 120, 255), (255, 210, 0), (190, 90, 255),
@@ -227,7 +226,7 @@ class FramePainter:
             matrix = np.asarray(face.matrix, np.float64) * (side / CROP_SIZE)
             crop = cv2.warpAffine(image, matrix, (side, side), flags=cv2.INTER_LINEAR,
                                   borderMode=cv2.BORDER_CONSTANT)
-            crop_lm = apply(matrix, face.landmarks)
+            crop_lm = face.landmarks @ matrix[:, :2].T + matrix[:, 2]
             caption = (f"#{face.face_id} {self.class_names[face.expression]} "
                        f"{face.probabilities[face.expression]:.2f}")
         _annotate_in_place(out[:, :w], results, self.class_names, self.banner,

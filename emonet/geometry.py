@@ -11,7 +11,8 @@ import cv2
 import numpy as np
 import torch
 
-CROP_SIZE = 256
+from .results import CROP_SIZE
+
 LANDMARK_REFERENCE_SCALE = 220.0   # training/evaluation crops from the 68-landmark box
 S3FD_REFERENCE_SCALE = 195.0       # FAN convention for S3FD detector boxes
 DETECTOR_SHIFT = 0.12              # detector box centre moved up by this fraction of the box height

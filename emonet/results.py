@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 N_LANDMARKS = 68
+CROP_SIZE = 256  # side of the network's square input crop; FaceResult.matrix maps the image onto it
 
 
 @dataclass

@@ -157,7 +157,7 @@ def test_unwritable_output_and_wrong_extension(clip, tmp_path):
 
 @pytest.mark.parametrize("codec, name", [("h264", "h264"), ("mp4v", "mpeg4")])
 def test_writer_codecs_keep_colours_size_and_frames(tmp_path, codec, name):
-    from emonet.io.video import VideoWriter
+    from emonet.io.writer import VideoWriter
 
     image = np.zeros((121, 203, 3), np.uint8)  # odd sides: H.264's yuv420p needs even ones
     image[:, :100] = (220, 40, 40)
@@ -178,7 +178,7 @@ def test_writer_codecs_keep_colours_size_and_frames(tmp_path, codec, name):
 
 def test_writer_refuses_unknown_containers_and_codecs(tmp_path):
     from emonet.io.images import InputError
-    from emonet.io.video import VideoWriter
+    from emonet.io.writer import VideoWriter
 
     with pytest.raises(InputError, match=r"\.mp4"):
         VideoWriter(tmp_path / "v.gif", 25, (64, 64))

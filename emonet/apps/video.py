@@ -4,32 +4,30 @@
 Frames come from a decoding process in chunks of ``--batch-size``. The loop is software-pipelined on a
 GPU: a chunk's detection (on a stream of its own) runs while the previous chunk's EmoNet results, which
 come back in one asynchronous copy, are read and written; only then is the chunk tracked and cropped, so
-the result is the same as one chunk after the other. Drawing and encoding run in threads of their own.
+the result is the same as one chunk after the other. Drawing and encoding run in processes of their own
+(:class:`emonet.io.annotated.AnnotatedVideoWriter`).
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import json
-import os
-import queue
 import signal
 import sys
-import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..drawing import PALETTE, FramePainter
+from ..drawing import PALETTE
 from ..io.atomic import AtomicFile
 from ..io.images import InputError, check_writable_dir
-from ..io.video import CODECS, Frame, VideoReader, VideoWriter, check_video_name
+from ..io.video import Frame, VideoReader
+from ..io.annotated import AnnotatedVideoWriter
+from ..io.writer import CODECS, check_video_name
 from ..models.weights import UNTRAINED_LABEL
 from ..pipeline import PendingChunk, Pipeline, VideoPipeline
 from ..results import FaceResult, frame_fields, frame_row
@@ -82,37 +80,6 @@ class RowWriter:
         self.files = []
 
 
-class _Stage:
-    """A worker thread fed through a bounded queue, in order; its error is raised in the producer."""
-
-    def __init__(self, name: str, handle, size: int) -> None:
-        self.handle = handle
-        self.queue: "queue.Queue" = queue.Queue(maxsize=size)
-        self.error: Optional[BaseException] = None
-        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self.thread.start()
-
-    def put(self, item) -> None:
-        """Hand over one item (blocks while the queue is full, which keeps memory flat)."""
-        if self.error is not None:
-            raise InputError(f"writing the annotated video failed: {self.error}")
-        self.queue.put(item)
-
-    def _loop(self) -> None:
-        try:
-            while (item := self.queue.get()) is not None:
-                self.handle(item)
-        except BaseException as exc:
-            self.error = exc
-            while self.queue.get() is not None:  # keep the producer from blocking
-                pass
-
-    def finish(self) -> None:
-        """Handle everything queued, then stop."""
-        self.queue.put(None)
-        self.thread.join()
-
-
 def _chunks(frames, size: int):
     chunk = []
     for frame in frames:
@@ -141,22 +108,16 @@ class VideoJob:
         self.video = VideoPipeline(self.pipeline, detect_every=args.detect_every, smooth=args.smooth)
         self.names = self.engine.class_names
         self.rows = RowWriter(args.csv, args.jsonl, self.names, args.landmarks, self.engine.untrained)
-        self.writer: Optional[VideoWriter] = None
         self.trails: dict[int, deque] = {}  # face id -> its last (valence, arousal), for the drawn panel
-        # Drawing and encoding each run in a thread of their own (OpenCV releases the GIL), overlapping
-        # each other and the next chunk's detection and EmoNet; bounded queues keep memory flat and order.
-        # Drawing is the slower of the two, so it gets a pool: frames are drawn in parallel and the
-        # encoder takes them in order (it waits on each frame's future).
-        self._draw = self._encode = None
+        # Drawing and encoding run in processes of their own, beside this one's detection and EmoNet.
+        self.annotated = None
         if args.output:
-            self.draw_threads = max(1, min(4, (os.cpu_count() or 2) // 4))
-            self._draw = ThreadPoolExecutor(self.draw_threads, thread_name_prefix="emonet-draw")
-            self._encode = _Stage("emonet-encode", self._encode_one, 2 * args.batch_size + 2 * self.draw_threads)
+            banner = f"EmoNet: {UNTRAINED_LABEL}" if self.engine.untrained else None
+            self.annotated = AnnotatedVideoWriter(args.output, reader.fps, self.names, banner, codec=args.codec,
+                                                  workers=args.video_workers)
         self.seconds = dict.fromkeys(STAGES, 0.0)
-        self._seconds_lock = threading.Lock()
         self.timer = LatencyTimer(self.engine.device)
         self.frames = self.faces = 0
-        self.painter = FramePainter(self.names, f"EmoNet: {UNTRAINED_LABEL}" if self.engine.untrained else None)
 
     def _sync(self) -> None:
         if self.engine.device.type == "cuda":
@@ -193,44 +154,22 @@ class VideoJob:
         self.seconds["results"] += time.perf_counter() - t1
 
     def _draw_and_encode(self, frame: Frame, faces) -> None:
-        if self._draw is None:
+        if self.annotated is None:
             return
         snapshot = []
         for face in faces:  # the trails move on; this frame's drawing must not
             trail = self.trails.setdefault(face.face_id, deque(maxlen=30))
             trail.append((face.valence, face.arousal))
             snapshot.append((face, list(trail)))
-        self._encode.put(self._draw.submit(self._draw_one, frame, snapshot))
-
-    def _add_seconds(self, stage: str, seconds: float) -> None:
-        with self._seconds_lock:  # several drawing threads add up
-            self.seconds[stage] += seconds
-
-    def _draw_one(self, frame: Frame, faces) -> tuple[int, np.ndarray]:
-        t0 = time.perf_counter()
-        composed = self.painter(frame.image, faces, [_color(f.face_id) for f, _ in faces])
-        self._add_seconds("draw", time.perf_counter() - t0)
-        return frame.index, composed
-
-    def _encode_one(self, drawn: Future) -> None:
-        index, composed = drawn.result()  # a drawing error surfaces here, and so in the producer
-        t0 = time.perf_counter()
-        if self.writer is None:
-            self.writer = VideoWriter(self.args.output, self.reader.fps, (composed.shape[1], composed.shape[0]),
-                                      codec=self.args.codec)
-        self.writer.write(composed, index)
-        self._add_seconds("encode", time.perf_counter() - t0)
+        self.annotated.put(frame.index, frame.image, snapshot, [_color(f.face_id) for f in faces])
 
     def close(self) -> Optional[Path]:
         """Finish every output; returns the video's path if one was written. No frame: nothing is kept."""
-        if self._encode is not None:  # every queued frame is finished, so it is drawn, encoded and kept
-            self._encode.finish()
-            self._draw.shutdown()
         self.rows.close(keep=self.frames > 0)
-        video = self.writer.close() if self.writer else None
-        failed = self._encode.error if self._encode is not None else None
-        if failed is not None:  # after the files are finished: what was written is kept
-            raise InputError(f"writing the annotated video failed: {failed}")
+        if self.annotated is None:
+            return None
+        video = self.annotated.close()  # every frame handed over is drawn, encoded and kept
+        self.seconds["draw"], self.seconds["encode"] = self.annotated.seconds["draw"], self.annotated.seconds["encode"]
         return video
 
 
@@ -302,10 +241,11 @@ def _summary(job: VideoJob, reader: VideoReader, wall: float, video: Optional[Pa
     print(f"\n{'interrupted: ' if interrupted else ''}{job.frames} frames, {job.faces} faces, "
           f"{job.frames / max(wall, 1e-9):.1f} frames/s end to end ({wall:.2f} s)", file=err)
     per = ", ".join(f"{k} {1e3 * v / max(job.frames, 1):.2f}" for k, v in job.seconds.items())
-    drawing = f" ({job.draw_threads} drawing threads: their time adds up)" if job._draw is not None else ""
-    print(f"time per frame by stage (ms; decode runs in a process of its own, draw and encode in threads, "
-          f"beside detect, EmoNet (tracking and crops included) and results{drawing}): {per}", file=err)
-    if job.writer and job.writer.resized:
+    drawing = (f", draw and encode in {job.annotated.workers} processes of their own (their time adds up)"
+               if job.annotated is not None else "")
+    print(f"time per frame by stage (ms; decode runs in a process of its own{drawing}, beside detect, EmoNet "
+          f"(tracking and crops included) and results): {per}", file=err)
+    if job.annotated is not None and job.annotated.resized:
         print("note: the video changed frame size; frames were resized to the first frame's size", file=err)
     for path, what in ((video, "annotated video"), (job.args.csv, "CSV"), (job.args.jsonl, "JSONL")):
         if path:
@@ -338,6 +278,9 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     out.add_argument("--codec", choices=CODECS, default="h264",
                      help="h264 (default: yuv420p, index at the front, plays in browsers and players; needs "
                           "PyAV) or mp4v (MPEG-4 Part 2 through OpenCV, for setups without PyAV)")
+    out.add_argument("--video-workers", type=int, default=None, metavar="N",
+                     help="processes that draw and encode the annotated video, each a segment at a time "
+                          "(default: a quarter of the cores, up to 4; mp4v: 1)")
     out.add_argument("--csv", metavar="FILE", help="one row per face per frame (a frame with no face: one row "
                                                    "with empty values)")
     out.add_argument("--jsonl", metavar="FILE", help="the same rows as JSON lines")
@@ -358,8 +301,9 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                            help="temporal smoothing per face, a weighted mean of the last 5 outputs (default: on)")
     add_model_arguments(parser)
     args = parser.parse_args(argv)
-    if args.batch_size < 1 or args.detect_every < 1 or (args.max_frames is not None and args.max_frames < 1):
-        parser.error("--batch-size, --detect-every and --max-frames must be at least 1")
+    if (args.batch_size < 1 or args.detect_every < 1 or (args.max_frames is not None and args.max_frames < 1)
+            or (args.video_workers is not None and args.video_workers < 1)):
+        parser.error("--batch-size, --detect-every, --max-frames and --video-workers must be at least 1")
     if args.start < 0 or (args.end is not None and args.end <= args.start):
         parser.error("--start must be >= 0 and --end after --start")
     if args.no_video and args.output:

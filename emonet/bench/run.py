@@ -274,7 +274,7 @@ def make_clip(path: Path, width: int = 1280, height: int = 720, frames: int = 30
     """An H.264 clip with one face (the test photo) moving across a noisy background."""
     import cv2
     import numpy as np
-    from ..io.video import VideoWriter
+    from ..io.writer import VideoWriter
 
     face = cv2.imread(str(SAMPLE_PHOTO))
     side = height // 2
@@ -302,7 +302,7 @@ def released_way(clip: Path, device: str, output: Optional[Path]) -> float:
     from ..engine import Engine, EngineConfig
     from ..pipeline import Pipeline
     from ..runtime import RuntimeConfig, configure
-    from ..io.video import VideoWriter
+    from ..io.writer import VideoWriter
 
     dev = configure(RuntimeConfig(device=device, cudnn_benchmark=False))
     engine = Engine(load_model("random", device="cpu"), dev, EngineConfig(warmup=False), log=lambda m: None)

@@ -84,8 +84,15 @@ def _circumplex_point(img: np.ndarray, center: tuple[int, int], radius: int, val
 
 
 def _draw_points(img: np.ndarray, points: np.ndarray, radius: int, color=(0, 255, 255)) -> None:
-    for x, y in np.rint(points).astype(np.int64).tolist():
-        cv2.circle(img, (x, y), radius, color, -1, cv2.LINE_AA)
+    """Filled dots, set in one vectorised write (68 anti-aliased circles a frame cost more than the rest)."""
+    r = int(radius)
+    dy, dx = np.mgrid[-r:r + 1, -r:r + 1]
+    disc = dx ** 2 + dy ** 2 <= r * r + r
+    p = np.rint(np.asarray(points, np.float64)).astype(np.int64)
+    xs = (p[:, 0, None] + dx[disc]).ravel()
+    ys = (p[:, 1, None] + dy[disc]).ravel()
+    inside = (xs >= 0) & (xs < img.shape[1]) & (ys >= 0) & (ys < img.shape[0])
+    img[ys[inside], xs[inside]] = color
 
 
 def draw_circumplex(img: np.ndarray, center: tuple[int, int], radius: int, valence: float, arousal: float,
@@ -194,6 +201,28 @@ def _fill_panel(panel: np.ndarray, side: int, radius: int, center: tuple[int, in
     return panel
 
 
+def _cut(image: np.ndarray, matrix: np.ndarray, side: int) -> np.ndarray:
+    """The ``side`` x ``side`` crop an affine ``matrix`` maps ``image`` onto, zero outside the image.
+
+    Crop matrices only scale and shift: then the crop is a resized window of the image, several times
+    cheaper than a general warp (for display; the network's crops are warped exactly).
+    """
+    if matrix[0, 1] != 0 or matrix[1, 0] != 0:
+        return cv2.warpAffine(image, matrix, (side, side), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
+    sx, sy, tx, ty = matrix[0, 0], matrix[1, 1], matrix[0, 2], matrix[1, 2]
+    h, w = image.shape[:2]
+    # The window in image pixels, clipped to the image, and where it lands in the crop.
+    x0, x1 = max(0.0, -tx / sx), min(float(w), (side - tx) / sx)
+    y0, y1 = max(0.0, -ty / sy), min(float(h), (side - ty) / sy)
+    out = np.zeros((side, side, 3), np.uint8)
+    dx0, dx1 = int(round(x0 * sx + tx)), int(round(x1 * sx + tx))
+    dy0, dy1 = int(round(y0 * sy + ty)), int(round(y1 * sy + ty))
+    window = image[int(y0):int(np.ceil(y1)), int(x0):int(np.ceil(x1))]
+    if dx1 > dx0 and dy1 > dy0 and window.size:
+        out[dy0:dy1, dx0:dx1] = cv2.resize(window, (dx1 - dx0, dy1 - dy0), interpolation=cv2.INTER_LINEAR)
+    return out
+
+
 class FramePainter:
     """Annotated video frames: the frame with every face drawn, and the side panel beside it.
 
@@ -224,8 +253,7 @@ class FramePainter:
             # The main face, cut straight to the panel's size (one warp, no resize), before drawing on the frame.
             face = max(results, key=lambda f: f.box[2] - f.box[0])
             matrix = np.asarray(face.matrix, np.float64) * (side / CROP_SIZE)
-            crop = cv2.warpAffine(image, matrix, (side, side), flags=cv2.INTER_LINEAR,
-                                  borderMode=cv2.BORDER_CONSTANT)
+            crop = _cut(image, matrix, side)
             crop_lm = face.landmarks @ matrix[:, :2].T + matrix[:, 2]
             caption = (f"#{face.face_id} {self.class_names[face.expression]} "
                        f"{face.probabilities[face.expression]:.2f}")

@@ -226,14 +226,15 @@ def _cut(image: np.ndarray, matrix: np.ndarray, side: int) -> np.ndarray:
 class FramePainter:
     """Annotated video frames: the frame with every face drawn, and the side panel beside it.
 
-    Holds what is the same for every frame of a video (the panel's background), so a frame costs only
-    what changes; one painter may serve several threads.
+    Holds what is the same for every frame of a video (the panel's background) and the frame it draws
+    into, so a frame costs only what changes: the frame returned is overwritten by the next call.
     """
 
     def __init__(self, class_names: Sequence[str], banner: Optional[str] = None) -> None:
         self.class_names = list(class_names)
         self.banner = banner
         self._backgrounds: dict[int, np.ndarray] = {}
+        self._out: Optional[np.ndarray] = None
 
     def __call__(self, image: np.ndarray, faces: Sequence[tuple[FaceResult, Sequence[tuple[float, float]]]],
                  colors: Sequence[tuple[int, int, int]]) -> np.ndarray:
@@ -243,7 +244,9 @@ class FramePainter:
         if background is None:
             background = self._backgrounds.setdefault(h, panel_background(h))
         width, side, radius, center = _panel_layout(h)
-        out = np.empty((h, w + width, 3), np.uint8)
+        if self._out is None or self._out.shape != (h, w + width, 3):
+            self._out = np.empty((h, w + width, 3), np.uint8)
+        out = self._out
         out[:, :w] = image
         out[:, w:] = background
         results = [f for f, _ in faces]

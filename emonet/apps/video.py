@@ -245,6 +245,10 @@ def _summary(job: VideoJob, reader: VideoReader, wall: float, video: Optional[Pa
                if job.annotated is not None else "")
     print(f"time per frame by stage (ms; decode runs in a process of its own{drawing}, beside detect, EmoNet "
           f"(tracking and crops included) and results): {per}", file=err)
+    if job.annotated is not None:
+        cpu = job.annotated.cpu_seconds
+        print(f"drawing and encoding: {cpu['user'] + cpu['system']:.1f} CPU-seconds in {job.annotated.workers} "
+              f"processes (user {cpu['user']:.1f}, system {cpu['system']:.1f})", file=err)
     if job.annotated is not None and job.annotated.resized:
         print("note: the video changed frame size; frames were resized to the first frame's size", file=err)
     for path, what in ((video, "annotated video"), (job.args.csv, "CSV"), (job.args.jsonl, "JSONL")):

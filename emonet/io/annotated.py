@@ -30,6 +30,9 @@ from .images import InputError
 from .writer import check_video_name, join_segments
 
 SLOT_BUDGET = 512 << 20   # bytes of frames waiting for the workers, at most
+# A frame's buffers (several MB each) would otherwise be mapped and unmapped by glibc at every frame, the
+# kernel zeroing fresh pages each time: kept on the heap, they are reused.
+WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
 
 def default_workers(codec: str) -> int:
@@ -46,7 +49,8 @@ class AnnotatedVideoWriter:
     """
 
     def __init__(self, path: Union[str, Path], fps: float, class_names: Sequence[str], banner: Optional[str],
-                 codec: str = "h264", workers: Optional[int] = None, segment_frames: Optional[int] = None) -> None:
+                 codec: str = "h264", workers: Optional[int] = None, segment_frames: Optional[int] = None,
+                 encoder_threads: Optional[int] = None) -> None:
         check_video_name(path, codec)
         self.path = Path(path)
         self.fps = fps
@@ -55,11 +59,13 @@ class AnnotatedVideoWriter:
         if codec != "h264":
             self.workers = 1
         self.segment_frames = segment_frames
+        self.encoder_threads = encoder_threads
         self.class_names = list(class_names)
         self.banner = banner
         self.frames = 0
         self.resized = False
         self.seconds = {"draw": 0.0, "encode": 0.0}
+        self.cpu_seconds = {"user": 0.0, "system": 0.0}  # the workers', as they report at the end
         self._procs: list[subprocess.Popen] = []
         self._readers: list[threading.Thread] = []
         self._free: "queue.Queue[int]" = queue.Queue()
@@ -93,12 +99,15 @@ class AnnotatedVideoWriter:
             self._free.put(i)
         if self.workers > 1:
             self._parts = Path(tempfile.mkdtemp(prefix=f".{self.path.stem}.{os.getpid()}.parts", dir=self.path.parent))
-        threads = max(1, (os.cpu_count() or 1) // (2 * self.workers)) if self.workers > 1 else 0
+        threads = self.encoder_threads
+        if threads is None:  # x264's frame threads: the cores shared out, half left for everything else
+            threads = max(1, (os.cpu_count() or 1) // (2 * self.workers)) if self.workers > 1 else 0
         spec = {"slots_path": name, "slots": slots, "slot_bytes": slot_bytes, "class_names": self.class_names,
                 "banner": self.banner, "fps": self.fps, "codec": self.codec, "threads": threads}
         worker = Path(__file__).resolve().with_name("draw_worker.py")
         for k in range(self.workers):
-            proc = subprocess.Popen([sys.executable, str(worker)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            proc = subprocess.Popen([sys.executable, str(worker)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    env={**os.environ, **WORKER_ENV})
             self._procs.append(proc)
             self._send(k, ("open", spec))
             reader = threading.Thread(target=self._listen, args=(proc,), name=f"emonet-draw-{k}", daemon=True)
@@ -123,10 +132,12 @@ class AnnotatedVideoWriter:
                 with self._lock:
                     self._segments.append((int(frames), path))
             elif kind == "T":
-                draw, encode = map(float, rest.split())
+                draw, encode, user, system = map(float, rest.split())
                 with self._lock:
                     self.seconds["draw"] += draw
                     self.seconds["encode"] += encode
+                    self.cpu_seconds["user"] += user
+                    self.cpu_seconds["system"] += system
             elif kind == "E":
                 self._fail(rest)
         if proc.wait() != 0:

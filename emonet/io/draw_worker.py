@@ -15,7 +15,8 @@ is this process's own creator: nothing else writes there):
 - ``("end",)``: finish the open segment and exit.
 
 The child answers one text line each on stdout: ``R slot`` (the slot may be reused), ``S path frames``
-(a segment file is finished), ``T draw_seconds encode_seconds`` (at the end), ``E message`` (a failure;
+(a segment file is finished), ``T draw encode user system`` (seconds spent drawing and encoding, and the process's CPU seconds, at
+the end), ``E message`` (a failure;
 later frames are then only released). It ignores Ctrl-C: the parent, which sees it too, ends the run
 by sending ``end``, so every frame handed over is kept.
 """
@@ -102,7 +103,9 @@ def main() -> int:
         finish_segment()
     except Exception as exc:
         say("E " + f"{type(exc).__name__}: {exc}".replace("\n", " "))
-    say(f"T {seconds['draw']:.6f} {seconds['encode']:.6f}")
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # x264's threads included
+    say(f"T {seconds['draw']:.6f} {seconds['encode']:.6f} {usage.ru_utime:.3f} {usage.ru_stime:.3f}")
     return 0
 
 

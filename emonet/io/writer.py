@@ -50,6 +50,7 @@ class VideoWriter:
         self.coded = (size[0] + size[0] % 2, size[1] + size[1] % 2)
         self.frames = 0
         self.resized = False
+        self._yuv: Optional[np.ndarray] = None
         self._first_pts: Optional[int] = None
         self._last_pts = -1
         # Same folder, so the rename is atomic; the container is named explicitly, not taken from the name.
@@ -117,7 +118,8 @@ class VideoWriter:
             rgb = cv2.copyMakeBorder(rgb, 0, self.coded[1] - self.size[1], 0, self.coded[0] - self.size[0],
                                      cv2.BORDER_CONSTANT)
         # OpenCV's conversion (SIMD, GIL released) is several times faster than swscale's from rgb24.
-        frame = av.VideoFrame.from_ndarray(cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420), format="yuv420p")
+        self._yuv = cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420, dst=self._yuv)  # one buffer, reused
+        frame = av.VideoFrame.from_ndarray(self._yuv, format="yuv420p")
         frame.colorspace = av.video.reformatter.Colorspace.ITU601
         frame.color_range = av.video.reformatter.ColorRange.MPEG
         if index is None:

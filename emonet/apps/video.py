@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -31,6 +32,7 @@ from ..io.writer import CODECS, check_video_name
 from ..models.weights import UNTRAINED_LABEL
 from ..pipeline import PendingChunk, Pipeline, VideoPipeline
 from ..results import FaceResult, frame_fields, frame_row
+from ..summary import VideoSummary
 from ..runtime import select_device
 from ..timing import LatencyTimer
 from .common import add_model_arguments, build_detector, build_engine, run_tool
@@ -95,25 +97,40 @@ def _color(track_id: int):
     return PALETTE[(track_id + 1) % len(PALETTE)]
 
 
-class VideoJob:
-    """State of one run: the pipeline, outputs, trails for drawing, and the time spent in each stage."""
+@dataclass
+class Outputs:
+    """Where one video's results go (None: not written)."""
 
-    def __init__(self, args: argparse.Namespace, reader: VideoReader) -> None:
+    csv: Optional[str] = None
+    jsonl: Optional[str] = None
+    video: Optional[str] = None
+    summary: Optional[VideoSummary] = None   # collects the figures of summary.json and the plot
+
+
+def build_pipeline(args: argparse.Namespace) -> Pipeline:
+    """The engine and detector the arguments ask for, loaded once per process, in one pipeline."""
+    buckets = sorted({1, 4, 16, 64, args.batch_size, 4 * args.batch_size})
+    engine = build_engine(args, batch_sizes=tuple(b for b in buckets if b <= 4 * args.batch_size))
+    return Pipeline(engine, build_detector(args, engine), max_faces=args.max_faces)
+
+
+class VideoJob:
+    """State of one video's run: tracking, outputs, trails for drawing, and the time spent in each stage."""
+
+    def __init__(self, args: argparse.Namespace, pipeline: Pipeline, reader: VideoReader, outputs: Outputs) -> None:
         self.args = args
         self.reader = reader
-        buckets = sorted({1, 4, 16, 64, args.batch_size, 4 * args.batch_size})
-        self.engine = build_engine(args, batch_sizes=tuple(b for b in buckets if b <= 4 * args.batch_size))
-        self.detector = build_detector(args, self.engine)
-        self.pipeline = Pipeline(self.engine, self.detector, max_faces=args.max_faces)
-        self.video = VideoPipeline(self.pipeline, detect_every=args.detect_every, smooth=args.smooth)
+        self.outputs = outputs
+        self.engine, self.detector, self.pipeline = pipeline.engine, pipeline.detector, pipeline
+        self.video = VideoPipeline(pipeline, detect_every=args.detect_every, smooth=args.smooth)
         self.names = self.engine.class_names
-        self.rows = RowWriter(args.csv, args.jsonl, self.names, args.landmarks, self.engine.untrained)
+        self.rows = RowWriter(outputs.csv, outputs.jsonl, self.names, args.landmarks, self.engine.untrained)
         self.trails: dict[int, deque] = {}  # face id -> its last (valence, arousal), for the drawn panel
         # Drawing and encoding run in processes of their own, beside this one's detection and EmoNet.
         self.annotated = None
-        if args.output:
+        if outputs.video:
             banner = f"EmoNet: {UNTRAINED_LABEL}" if self.engine.untrained else None
-            self.annotated = AnnotatedVideoWriter(args.output, reader.fps, self.names, banner, codec=args.codec,
+            self.annotated = AnnotatedVideoWriter(outputs.video, reader.fps, self.names, banner, codec=args.codec,
                                                   workers=args.video_workers)
         self.seconds = dict.fromkeys(STAGES, 0.0)
         self.timer = LatencyTimer(self.engine.device)
@@ -146,6 +163,8 @@ class VideoJob:
         self.seconds["emonet"] += t1 - t0
         for frame, faces in zip(pending.frames, per_frame):
             self.rows.frame(frame, faces)
+            if self.outputs.summary is not None:
+                self.outputs.summary.add(frame.timestamp, faces)
             self.faces += len(faces)
             self.frames += 1
             frame.pixels = frame.ready = None  # drawing needs only the host copy: free the GPU one now
@@ -177,16 +196,25 @@ def _raise_interrupt(signum, frame):  # SIGTERM ends a run like Ctrl-C: outputs 
     raise KeyboardInterrupt
 
 
-def run(args: argparse.Namespace) -> int:
-    """Process the video; 0 when done (or interrupted cleanly), 2 on bad input."""
-    for path in (args.output, args.csv, args.jsonl):
-        if path:
-            check_writable_dir(Path(path).parent if str(Path(path).parent) else Path("."))
-    if args.output:
-        check_video_name(args.output, args.codec)
-    reader = VideoReader(args.video, start=args.start, end=args.end, max_frames=args.max_frames,
+@dataclass
+class VideoRun:
+    """How one video's run ended."""
+
+    job: Optional[VideoJob]
+    wall: float                     # seconds from the first frame to the end
+    video: Optional[Path]           # the annotated video, if one was written
+    interrupted: bool
+
+
+def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipeline, desc: Optional[str] = None,
+            quiet: bool = False) -> VideoRun:
+    """Run one video through the pipeline (``get_pipeline()`` loads it on first use) into ``outputs``.
+
+    Ctrl-C and SIGTERM end the run cleanly: every finished frame is kept in every output.
+    """
+    reader = VideoReader(source, start=args.start, end=args.end, max_frames=args.max_frames,
                          device=select_device(args.device, quiet=True),
-                         keep_host=bool(args.output))  # only drawing needs it
+                         keep_host=bool(outputs.video))  # only drawing needs it
     job = None
     interrupted = False
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -197,12 +225,11 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(min(4, threads))
     wall0 = time.perf_counter()
     try:
-        job = VideoJob(args, reader)
         height, width, _ = reader.frame_shape
-        shape = (height or 720, width or 1280, 3)  # cameras may not say
-        job.pipeline.warmup(shape)
+        job = VideoJob(args, get_pipeline((height or 720, width or 1280, 3)), reader, outputs)  # cameras may not say
         wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
-        bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True, desc=desc,
+                   disable=quiet)
         # Software-pipelined: chunk n's detection is queued, chunk n - 1's EmoNet results are read while it
         # runs (their landmarks place chunk n's crops), then chunk n is tracked, cropped and queued.
         pending = None
@@ -224,15 +251,39 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads)
         reader.close()
         video = job.close() if job else None
-    wall = time.perf_counter() - wall0
+    if job is not None:
+        job._sync()
+    return VideoRun(job, time.perf_counter() - wall0, video, interrupted)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Process the video; 0 when done (or interrupted cleanly), 2 on bad input."""
+    if args.out_dir is not None:
+        from .collection import run_collection
+        return run_collection(args)
+    source = args.video[0]
+    for path in (args.output, args.csv, args.jsonl):
+        if path:
+            check_writable_dir(Path(path).parent if str(Path(path).parent) else Path("."))
+    if args.output:
+        check_video_name(args.output, args.codec)
+    holder: list[Pipeline] = []
+
+    def get_pipeline(shape: tuple) -> Pipeline:
+        if not holder:
+            holder.append(build_pipeline(args))
+            holder[0].warmup(shape)
+        return holder[0]
+
+    result = analyse(args, source, Outputs(args.csv, args.jsonl, args.output), get_pipeline)
+    job = result.job
     if job is None or job.frames == 0:
-        if interrupted:
+        if result.interrupted:
             print("interrupted before the first frame", file=sys.stderr)
             return 130
-        raise InputError(f"{args.video}: no frame could be read (empty, corrupt, or a codec OpenCV cannot decode)")
-    job._sync()
-    _summary(job, reader, wall, video, interrupted)
-    return 130 if interrupted else 0
+        raise InputError(f"{source}: no frame could be read (empty, corrupt, or a codec OpenCV cannot decode)")
+    _summary(job, job.reader, result.wall, result.video, result.interrupted)
+    return 130 if result.interrupted else 0
 
 
 def _summary(job: VideoJob, reader: VideoReader, wall: float, video: Optional[Path], interrupted: bool) -> None:
@@ -251,7 +302,7 @@ def _summary(job: VideoJob, reader: VideoReader, wall: float, video: Optional[Pa
               f"processes (user {cpu['user']:.1f}, system {cpu['system']:.1f})", file=err)
     if job.annotated is not None and job.annotated.resized:
         print("note: the video changed frame size; frames were resized to the first frame's size", file=err)
-    for path, what in ((video, "annotated video"), (job.args.csv, "CSV"), (job.args.jsonl, "JSONL")):
+    for path, what in ((video, "annotated video"), (job.outputs.csv, "CSV"), (job.outputs.jsonl, "JSONL")):
         if path:
             print(f"{what}: {path}", file=err)
     print(job.timer.summary().format(f"crop + EmoNet per batch (up to {job.args.batch_size} frames)", "frame"), file=err)
@@ -261,6 +312,8 @@ def _summary(job: VideoJob, reader: VideoReader, wall: float, video: Optional[Pa
 
 EXAMPLES = """examples:
   %(prog)s --video clip.mp4 --output annotated.mp4 --csv frames.csv
+  %(prog)s --video recordings/ --out-dir results/          # every video: rows, summary, plot; summary.csv
+  torchrun --nproc-per-node 2 %(prog)s --video recordings/ --out-dir results/   # shared over 2 GPUs
   %(prog)s --video clip.mp4 --csv frames.csv --landmarks --start 10 --end 20
   %(prog)s --video clip.mp4 --jsonl frames.jsonl --weights random     # try it without the released weights
   %(prog)s --video 0 --output camera.mp4                              # a camera
@@ -274,8 +327,9 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
         description="Stream a video (or camera) through face detection, tracking and EmoNet; write per-frame "
                     "results and an annotated video. Ctrl-C or SIGTERM stops cleanly, keeping every finished "
                     "frame.")
-    parser.add_argument("--video", required=True, help="video file, numbered images (\"frames/%%04d.png\") or a "
-                                                       "camera index such as 0")
+    parser.add_argument("--video", required=True, nargs="+", metavar="VIDEO",
+                        help="video file, numbered images (\"frames/%%04d.png\") or a camera index such as 0; with "
+                             "--out-dir: any number of files, folders and glob patterns")
     out = parser.add_argument_group("outputs (at least one)")
     out.add_argument("--output", metavar="FILE", help="annotated video at the source's frame rate (.mp4; also .mov, "
                                                       ".mkv, .avi)")
@@ -289,6 +343,13 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                                                    "with empty values)")
     out.add_argument("--jsonl", metavar="FILE", help="the same rows as JSON lines")
     out.add_argument("--landmarks", action="store_true", help="add the 68 landmarks to the rows")
+    many = parser.add_argument_group("many videos in one run (the model loads once; torchrun shares them over GPUs)")
+    many.add_argument("--out-dir", metavar="DIR",
+                      help="for each video STEM: DIR/STEM.csv (rows), DIR/STEM.summary.json, DIR/STEM.png (plot); "
+                           "and DIR/summary.csv, one row per video and face")
+    many.add_argument("--output-videos", action="store_true", help="with --out-dir: also DIR/STEM.mp4, annotated")
+    many.add_argument("--force", action="store_true",
+                      help="with --out-dir: redo videos whose outputs are complete (default: skip them)")
     out.add_argument("--no-video", action="store_true",
                      help="analysis only (the default without --output; kept for older scripts)")
     run_group = parser.add_argument_group("what to process")
@@ -312,8 +373,17 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
         parser.error("--start must be >= 0 and --end after --start")
     if args.no_video and args.output:
         parser.error("--no-video and --output ask for opposite things: drop one")
+    if args.out_dir is not None:
+        if args.output or args.csv or args.jsonl:
+            parser.error("with --out-dir every output is named after its video: drop --output, --csv and --jsonl "
+                         "(--output-videos adds the annotated videos)")
+        return args
+    if args.output_videos or args.force:
+        parser.error("--output-videos and --force go with --out-dir")
+    if len(args.video) > 1 or any(c in args.video[0] for c in "*?[") or Path(args.video[0]).is_dir():
+        parser.error(f"{' '.join(args.video)}: several videos (or a folder or pattern) need --out-dir DIR")
     if not (args.output or args.csv or args.jsonl):
-        parser.error("nothing to write: give --csv, --jsonl and/or --output")
+        parser.error("nothing to write: give --csv, --jsonl and/or --output (or --out-dir for summaries and plots)")
     return args
 
 

@@ -1,0 +1,233 @@
+"""Many videos in one run (``--video DIR|GLOB|FILE ... --out-dir OUT``): per video its rows, summary and
+plot, then ``OUT/summary.csv``; resumable; shared over processes by ``torchrun``.
+
+The model loads and warms up once per process. Under ``torchrun`` each rank takes its share of the
+videos, balanced by frame count (longest first, each to the least-loaded rank), on GPU ``LOCAL_RANK``;
+rank 0 writes ``summary.csv`` once every rank has finished. The outputs are those of one process.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from ..io.images import InputError, check_writable_dir
+from ..summary import VideoSummary, write_summary_csv
+from .video import Outputs, analyse, build_pipeline
+
+VIDEO_EXTENSIONS = {".mp4", ".mov", ".avi", ".mkv", ".m4v", ".webm", ".mpg", ".mpeg", ".wmv", ".flv", ".3gp",
+                    ".ts", ".mts"}
+
+
+def collect_videos(specs: list[str], exclude: Optional[Path] = None) -> list[Path]:
+    """Video paths from files, folders (searched recursively, by extension) and glob patterns, in a stable
+    order, leaving out those under ``exclude`` (the output folder); a missing path or a pattern that
+    matches nothing is an :class:`InputError`."""
+    found: list[Path] = []
+    for spec in specs:
+        path = Path(spec)
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS)
+        elif path.is_file():
+            found.append(path)
+        elif any(c in spec for c in "*?["):
+            matches = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
+            if not matches:
+                raise InputError(f"{spec}: no file matches this pattern")
+            found += matches
+        else:
+            raise InputError(f"{spec}: no such video file or folder")
+    skip = exclude.resolve() if exclude is not None else None
+    unique = list({p.resolve(): p for p in found if skip is None or skip not in p.resolve().parents}.values())
+    if not unique:
+        raise InputError(f"{' '.join(specs)}: no video found (extensions: {', '.join(sorted(VIDEO_EXTENSIONS))})")
+    stems: dict[str, Path] = {}
+    for p in unique:
+        if p.stem in stems:
+            raise InputError(f"two videos would write the same outputs ({stems[p.stem]} and {p}): rename one")
+        stems[p.stem] = p
+    return unique
+
+
+def output_paths(out_dir: Path, video: Path, annotated: bool) -> dict[str, Path]:
+    """A video's outputs in ``out_dir``, named after its stem."""
+    paths = {"csv": out_dir / f"{video.stem}.csv", "summary": out_dir / f"{video.stem}.summary.json",
+             "plot": out_dir / f"{video.stem}.png"}
+    if annotated:
+        paths["video"] = out_dir / f"{video.stem}.mp4"
+    return paths
+
+
+def frame_count(video: Path) -> int:
+    """The container's frame count (0 when it does not say or cannot be opened): the load to balance."""
+    import av  # reads the header only, and quietly (OpenCV would print FFmpeg's complaints)
+
+    try:
+        with av.open(str(video)) as container:
+            stream = container.streams.video[0]
+            if stream.frames:
+                return int(stream.frames)
+            if stream.duration and stream.average_rate:
+                return int(stream.duration * stream.time_base * stream.average_rate)
+            return 0
+    except (av.FFmpegError, IndexError, OSError, ValueError):
+        return 0
+
+
+def shares(loads: list[int], ranks: int) -> list[list[int]]:
+    """Indices of the items each rank takes: longest first, each to the least-loaded rank (ties: lowest rank)."""
+    totals = [0] * ranks
+    taken: list[list[int]] = [[] for _ in range(ranks)]
+    for i in sorted(range(len(loads)), key=lambda i: (-loads[i], i)):
+        rank = min(range(ranks), key=lambda r: (totals[r], r))
+        totals[rank] += max(1, loads[i])
+        taken[rank].append(i)
+    return [sorted(t) for t in taken]
+
+
+class _Distributed:
+    """torchrun's rank and world, with a process group (gloo on the CPU, NCCL on GPUs) when there are several."""
+
+    def __init__(self, device: Optional[str]) -> None:
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.group = False
+        if self.world > 1:
+            import torch
+            import torch.distributed as dist
+
+            gpu = device != "cpu" and torch.cuda.is_available()
+            dist.init_process_group("nccl" if gpu else "gloo",
+                                    device_id=torch.device(f"cuda:{self.local_rank}") if gpu else None)
+            self.group = True
+
+    def gather(self, value) -> list:
+        """Every rank's ``value``, on every rank."""
+        if not self.group:
+            return [value]
+        import torch.distributed as dist
+
+        out = [None] * self.world
+        dist.all_gather_object(out, value)
+        return out
+
+    def close(self) -> None:
+        if self.group:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def run_collection(args: argparse.Namespace) -> int:
+    """Process every video given into ``--out-dir``; 0 when all are done, 1 when some failed, 2 on bad input."""
+    out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"{out_dir}: exists and is not a folder")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    check_writable_dir(out_dir)
+    videos = collect_videos(args.video, exclude=out_dir)
+    dist = _Distributed(args.device)
+    try:
+        if dist.world > 1 and (args.device is None or args.device.startswith("cuda")):
+            import torch
+            if torch.cuda.is_available():
+                args.device = f"cuda:{dist.local_rank}"
+        return _run(args, out_dir, videos, dist)
+    finally:
+        dist.close()
+
+
+def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Distributed) -> int:
+    err = sys.stderr
+    done = [v for v in videos if not args.force and _complete(output_paths(out_dir, v, args.output_videos))]
+    todo = [v for v in videos if v not in done]
+    mine = [todo[i] for i in shares([frame_count(v) for v in todo], dist.world)[dist.rank]]
+    if dist.rank == 0:
+        print(f"{len(videos)} videos: {len(done)} skipped (outputs complete; --force redoes them), "
+              f"{len(todo)} to process" + (f" on {dist.world} processes" if dist.world > 1 else ""), file=err)
+    holder: list = []
+
+    def get_pipeline(shape: tuple):
+        if not holder:
+            holder.append(build_pipeline(args))
+            holder[0].warmup(shape)
+        return holder[0]
+
+    errors: dict[str, str] = {}
+    frames = 0
+    wall0 = time.perf_counter()
+    analysis_seconds = 0.0
+    for n, video in enumerate(mine, 1):
+        paths = output_paths(out_dir, video, args.output_videos)
+        try:
+            run = _one(args, video, paths, get_pipeline, f"[{n}/{len(mine)}] {video.name}")
+        except InputError as exc:  # one line; the others go on
+            errors[str(video)] = str(exc)
+            print(f"error: {exc}", file=err)
+            continue
+        if run.interrupted:
+            print("interrupted: the video being processed is left incomplete (a rerun redoes it)", file=err)
+            break
+        frames += run.job.frames
+        analysis_seconds += run.wall
+    wall = time.perf_counter() - wall0
+    if mine and holder:
+        print(f"rank {dist.rank}: " if dist.world > 1 else "", end="", file=err)
+        print(f"{len(mine) - len(errors)} videos, {frames} frames, {frames / max(analysis_seconds, 1e-9):.1f} "
+              f"frames/s while analysing, {frames / max(wall, 1e-9):.1f} frames/s over all ({wall:.1f} s)", file=err)
+    all_errors: dict[str, str] = {}
+    for part in dist.gather(errors):
+        all_errors.update(part)
+    if dist.rank == 0:
+        records = []
+        for video in videos:
+            if str(video) in all_errors:
+                records.append({"video": str(video), "error": all_errors[str(video)]})
+                continue
+            summary = output_paths(out_dir, video, args.output_videos)["summary"]
+            try:
+                records.append(json.loads(summary.read_text()))
+            except (OSError, ValueError):
+                records.append({"video": str(video), "error": "not processed (interrupted)"})
+        names = next((r["class_names"] for r in records if r.get("class_names")), None)
+        if names is None:
+            from ..classes import class_names
+            names = class_names(args.nclasses or 8)
+        write_summary_csv(out_dir / "summary.csv", records, names)
+        failed = sum(1 for r in records if r.get("error"))
+        print(f"summary: {out_dir / 'summary.csv'} ({len(videos) - failed} videos"
+              + (f", {failed} failed" if failed else "") + ")", file=err)
+    return 1 if all_errors else 0
+
+
+def _complete(paths: dict[str, Path]) -> bool:
+    """Every output of the video is there (they are renamed into place whole, so there means complete)."""
+    return all(p.is_file() for p in paths.values())
+
+
+def _one(args: argparse.Namespace, video: Path, paths: dict[str, Path], get_pipeline, desc: str):
+    """One video into its outputs; the summary and plot are written only after the rows are complete."""
+    summary = VideoSummary(str(video), [], 0.0)
+
+    def pipeline_for(shape: tuple):
+        pipeline = get_pipeline(shape)
+        summary.class_names, summary.untrained = list(pipeline.engine.class_names), pipeline.engine.untrained
+        return pipeline
+
+    outputs = Outputs(csv=str(paths["csv"]), video=str(paths["video"]) if "video" in paths else None,
+                      summary=summary)
+    run = analyse(args, str(video), outputs, pipeline_for, desc=desc)
+    if run.interrupted:
+        return run
+    if run.job is None or run.job.frames == 0:
+        raise InputError(f"{video}: no frame could be read (empty, corrupt, or a codec OpenCV cannot decode)")
+    summary.fps = run.job.reader.fps
+    summary.write_json(paths["summary"])
+    summary.plot(paths["plot"])
+    return run

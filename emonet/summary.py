@@ -1,0 +1,164 @@
+"""Per-video summaries a person reads: figures per face (:class:`VideoSummary`), the ``summary.csv`` of a
+collection, and a plot of valence, arousal and expression over time (matplotlib, Agg)."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Union
+
+import numpy as np
+
+from .io.atomic import write_bytes, write_text
+from .results import FaceResult
+
+
+@dataclass
+class _Track:
+    seconds: list = field(default_factory=list)
+    valence: list = field(default_factory=list)
+    arousal: list = field(default_factory=list)
+    expression: list = field(default_factory=list)
+
+
+class VideoSummary:
+    """Collects a video's results frame by frame; :meth:`faces` gives the figures per face id."""
+
+    def __init__(self, video: str, class_names: Sequence[str], fps: float, untrained: bool = False) -> None:
+        self.video = video
+        self.class_names = list(class_names)
+        self.fps = fps
+        self.untrained = untrained
+        self.frames = 0
+        self.tracks: dict[int, _Track] = {}
+
+    def add(self, timestamp: float, faces: Sequence[FaceResult]) -> None:
+        """One frame's faces (none: a frame without a face, still counted)."""
+        self.frames += 1
+        for face in faces:
+            track = self.tracks.setdefault(face.face_id, _Track())
+            track.seconds.append(timestamp)
+            track.valence.append(face.valence)
+            track.arousal.append(face.arousal)
+            track.expression.append(face.expression)
+
+    def faces(self) -> list[dict]:
+        """Per face id: frames seen, valence and arousal mean and standard deviation, the share of frames
+        with each expression, and the dominant one."""
+        out = []
+        for face_id in sorted(self.tracks):
+            t = self.tracks[face_id]
+            counts = np.bincount(np.asarray(t.expression, np.int64), minlength=len(self.class_names))
+            shares = counts / max(1, counts.sum())
+            row = {"face_id": face_id, "frames": len(t.seconds),
+                   "valence_mean": _r(np.mean(t.valence)), "valence_std": _r(np.std(t.valence)),
+                   "arousal_mean": _r(np.mean(t.arousal)), "arousal_std": _r(np.std(t.arousal))}
+            row.update({f"share_{c}": _r(s) for c, s in zip(self.class_names, shares)})
+            row["dominant_expression"] = self.class_names[int(counts.argmax())]
+            out.append(row)
+        return out
+
+    def to_dict(self) -> dict:
+        """The ``<stem>.summary.json`` content."""
+        return {"video": self.video, "frames": self.frames, "fps": round(self.fps, 4),
+                "class_names": self.class_names, "untrained": self.untrained, "faces": self.faces(), "error": None}
+
+    def write_json(self, path: Union[str, Path]) -> None:
+        """Write :meth:`to_dict` as JSON (atomically)."""
+        write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+
+    def plot(self, path: Union[str, Path], title: Optional[str] = None) -> None:
+        """PNG: valence and arousal over time per face (per frame, and a 1-s moving average), with the
+        expression over time as a coloured band beneath each face's curves."""
+        import matplotlib
+        matplotlib.use("Agg", force=False)
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch
+
+        from .drawing import PALETTE
+
+        ids = sorted(self.tracks) or [None]
+        fig = Figure(figsize=(11, 1.2 + 2.6 * len(ids)), layout="constrained")
+        grid = fig.add_gridspec(2 * len(ids), 1, height_ratios=[4, 0.6] * len(ids))
+        colors = np.array(PALETTE, np.float64) / 255
+        duration = self.frames / self.fps if self.fps else 1.0
+        for k, face_id in enumerate(ids):
+            ax = fig.add_subplot(grid[2 * k])
+            band = fig.add_subplot(grid[2 * k + 1], sharex=ax)
+            ax.set_ylim(-1.05, 1.05)
+            ax.axhline(0, color="0.7", lw=0.8)
+            ax.set_ylabel("valence / arousal")
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelbottom=False)
+            band.set_yticks([])
+            band.set_xlabel("time (s)")
+            if face_id is None:
+                ax.set_title("no face found")
+                ax.set_xlim(0, duration)
+                continue
+            t = self.tracks[face_id]
+            s = np.asarray(t.seconds)
+            window = max(1, int(round(self.fps)))
+            for values, color, name in ((t.valence, "tab:blue", "valence"), (t.arousal, "tab:red", "arousal")):
+                ax.plot(s, values, color=color, lw=0.6, alpha=0.35, label=f"{name} (per frame)")
+                ax.plot(s, _moving_average(np.asarray(values), window), color=color, lw=1.8,
+                        label=f"{name} (1-s average)")
+            ax.set_title(f"face {face_id}: {len(s)} frames")
+            ax.legend(loc="upper right", fontsize=7, ncol=2)
+            # The band: each frame's expression as a coloured stripe as wide as one frame.
+            step = 1.0 / self.fps if self.fps else 1.0
+            expr = np.asarray(t.expression)
+            band.bar(s, np.ones_like(s), width=step, align="edge", color=colors[expr % len(colors)], linewidth=0)
+            band.set_ylim(0, 1)
+            seen = sorted(set(expr.tolist()))
+            band.legend(handles=[Patch(color=colors[i % len(colors)], label=self.class_names[i]) for i in seen],
+                        loc="center left", bbox_to_anchor=(1.0, 0.5), ncol=min(4, len(seen)), fontsize=7,
+                        frameon=False)
+            ax.set_xlim(0, max(duration, s[-1] + step))
+        fig.suptitle(title or Path(self.video).name + (" (untrained weights: meaningless)" if self.untrained else ""))
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=100)
+        write_bytes(path, buffer.getvalue())
+
+
+def _r(value: float) -> float:
+    return round(float(value), 5)
+
+
+def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
+    """Centred moving average, over the frames available at the ends."""
+    window = min(window, len(values))
+    if window <= 1:
+        return values
+    kernel = np.ones(window)
+    sums = np.convolve(values, kernel, mode="same")
+    counts = np.convolve(np.ones(len(values)), kernel, mode="same")
+    return sums / counts
+
+
+def summary_fields(class_names: Sequence[str]) -> list[str]:
+    """The columns of ``summary.csv``."""
+    return ["video", "face_id", "frames", "valence_mean", "valence_std", "arousal_mean", "arousal_std",
+            *[f"share_{c}" for c in class_names], "dominant_expression", "error"]
+
+
+def summary_rows(record: dict) -> list[dict]:
+    """``summary.csv`` rows of one video's summary record (a failed or faceless video: one row)."""
+    base = {"video": record["video"], "error": record.get("error") or ""}
+    if record.get("error") or not record.get("faces"):
+        return [{**base, "frames": 0 if record.get("error") else "", "face_id": ""}]
+    return [{**base, **face} for face in record["faces"]]
+
+
+def write_summary_csv(path: Union[str, Path], records: Iterable[dict], class_names: Sequence[str]) -> None:
+    """``summary.csv``: one row per (video, face id), in the order given (atomically)."""
+    fields = summary_fields(class_names)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore")
+    writer.writeheader()
+    for record in records:
+        for row in summary_rows(record):
+            writer.writerow({f: row.get(f, "") for f in fields})
+    write_text(path, buffer.getvalue())

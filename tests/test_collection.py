@@ -1,0 +1,125 @@
+"""Many videos in one run: per-video rows, summaries and plots, summary.csv, reruns, and torchrun shards."""
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from emonet.apps.collection import collect_videos, shares
+from emonet.io.images import InputError
+
+from .test_video import make_clip
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMON = ["--weights", "random", "--device", "cpu", "--batch-size", "4"]
+
+
+def demo_video(*args, env=None):
+    return subprocess.run([sys.executable, str(ROOT / "demo_video.py"), *map(str, args)], capture_output=True,
+                          text=True, timeout=600, env=env)
+
+
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("recordings")
+    make_clip(folder / "a.mp4", frames=10)
+    make_clip(folder / "b.mp4", frames=14, blank_from=9)
+    (folder / "sub").mkdir()
+    make_clip(folder / "sub" / "c.mp4", frames=6)
+    (folder / "broken.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42 this is not a video")
+    return folder
+
+
+def read_csv(path: Path) -> list[dict]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def one_thread():
+    return {**os.environ, "OMP_NUM_THREADS": "1"}  # as torchrun gives each of its processes
+
+
+@pytest.fixture(scope="module")
+def single_run(recordings, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "out"
+    result = demo_video("--video", recordings, "--out-dir", out, *COMMON, env=one_thread())
+    return out, result
+
+
+def test_a_folder_with_a_corrupt_file_gives_every_output_and_summary(recordings, single_run):
+    out, result = single_run
+    assert result.returncode == 1, result.stderr  # one video failed; the others are done
+    assert "broken.mp4" in result.stderr and "Traceback" not in result.stderr
+    for stem, frames in (("a", 10), ("b", 14), ("c", 6)):
+        rows = read_csv(out / f"{stem}.csv")
+        assert [int(r["frame"]) for r in rows] == list(range(frames))
+        record = json.loads((out / f"{stem}.summary.json").read_text())
+        assert record["frames"] == frames and record["error"] is None and record["untrained"] is True
+        face_rows = [r for r in rows if r["face_id"] == "0"]
+        (face,) = record["faces"]
+        assert face["frames"] == len(face_rows)
+        assert face["valence_mean"] == pytest.approx(np.mean([float(r["valence"]) for r in face_rows]), abs=1e-4)
+        assert face["arousal_std"] == pytest.approx(np.std([float(r["arousal"]) for r in face_rows]), abs=1e-4)
+        shares_sum = sum(v for k, v in face.items() if k.startswith("share_"))
+        assert shares_sum == pytest.approx(1.0, abs=1e-4)
+        png = (out / f"{stem}.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000  # a real plot, not an empty canvas
+    summary = read_csv(out / "summary.csv")
+    assert [Path(r["video"]).name for r in summary] == ["a.mp4", "b.mp4", "broken.mp4", "c.mp4"]
+    assert [r["error"] != "" for r in summary] == [False, False, True, False]
+    assert summary[0]["face_id"] == "0" and summary[0]["dominant_expression"] and "share_Happy" in summary[0]
+    assert not list(out.glob(".*"))  # no temporary file left
+
+
+def test_a_rerun_skips_complete_videos_and_force_redoes_them(recordings, single_run, tmp_path):
+    out, _ = single_run
+    copy = tmp_path / "out"
+    copy.mkdir()
+    for f in out.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    (copy / "c.png").unlink()  # an incomplete video: processed again
+    before = (copy / "a.csv").stat().st_mtime_ns
+    again = demo_video("--video", recordings, "--out-dir", copy, *COMMON)
+    assert again.returncode == 1 and "2 skipped" in again.stderr and "2 to process" in again.stderr
+    assert (copy / "c.png").exists() and (copy / "a.csv").stat().st_mtime_ns == before
+    forced = demo_video("--video", recordings / "a.mp4", "--out-dir", copy, "--force", *COMMON)
+    assert forced.returncode == 0 and "0 skipped" in forced.stderr
+    assert (copy / "a.csv").stat().st_mtime_ns != before
+
+
+def test_torchrun_with_two_processes_gives_the_outputs_of_one(recordings, single_run, tmp_path):
+    out, _ = single_run
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             str(ROOT / "demo_video.py"), "--video", str(recordings), "--out-dir", str(tmp_path),
+                             *COMMON], capture_output=True, text=True, timeout=600, env=one_thread())
+    assert result.returncode != 0 and "broken.mp4" in result.stderr  # the corrupt file is still reported
+    assert "rank 0" in result.stderr and "rank 1" in result.stderr  # both processes took videos
+    names = sorted(p.name for p in out.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
+    for name in names:
+        if name.endswith((".csv", ".json")):
+            assert (tmp_path / name).read_text() == (out / name).read_text(), name
+
+
+def test_shares_balance_frame_counts():
+    assert shares([100, 10, 60, 50], 2) == [[0, 1], [2, 3]]  # 110 frames each
+    assert shares([100, 10, 20, 30], 2) == [[0], [1, 2, 3]]
+    assert shares([5, 5, 5], 1) == [[0, 1, 2]]
+    assert shares([1], 3) == [[0], [], []]
+
+
+def test_collect_videos_refuses_missing_paths_and_clashing_names(recordings, tmp_path):
+    with pytest.raises(InputError, match="no such video"):
+        collect_videos([str(tmp_path / "missing.mp4")])
+    with pytest.raises(InputError, match="matches"):
+        collect_videos([str(tmp_path / "*.mp4")])
+    (tmp_path / "x").mkdir()
+    make_clip(tmp_path / "x" / "a.mp4", frames=2)
+    with pytest.raises(InputError, match="same outputs"):
+        collect_videos([str(recordings), str(tmp_path / "x")])
+    found = collect_videos([str(recordings / "*.mp4"), str(recordings / "sub")])
+    assert [p.name for p in found] == ["a.mp4", "b.mp4", "broken.mp4", "c.mp4"]

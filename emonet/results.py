@@ -70,3 +70,19 @@ def frame_row(face: Optional[FaceResult], frame: int, timestamp: float, class_na
     if landmarks:
         values += np.round(face.landmarks, 2).ravel().tolist()  # lm0_x, lm0_y, lm1_x, ...
     return dict(zip(frame_fields(class_names, landmarks), values))
+
+
+def photo_fields(class_names: Sequence[str]) -> list[str]:
+    """The columns of the photo tool's CSV: one row per face per image."""
+    return ["image", "face_index", "x1", "y1", "x2", "y2", "score", "expression", *[f"p_{c}" for c in class_names],
+            "valence", "arousal", "error"]
+
+
+def photo_row(image: str, face: Optional[FaceResult], class_names: Sequence[str], error: str = "") -> dict:
+    """One row of :func:`photo_fields`; ``face=None``: an image with no face (or, with ``error``, unreadable)."""
+    if face is None:
+        return {"image": image, "error": error}
+    values = [image, face.face_id, *np.round(face.box, 2).tolist(), round(face.score, 4),
+              class_names[face.expression], *np.round(face.probabilities, 5).tolist(), round(face.valence, 5),
+              round(face.arousal, 5), ""]
+    return dict(zip(photo_fields(class_names), values))

@@ -134,3 +134,36 @@ def test_numpy_decoding_and_nms_equal_face_alignments_own(detector, photo):
             if len(faces_theirs):
                 np.testing.assert_allclose(faces_ours, torch.stack(faces_theirs).numpy(), rtol=1e-4, atol=1e-5)
     assert sum(len(weighted_nms(o, net.min_suppression_threshold)) for o in ours) > 2  # the noisy case is not empty
+
+
+def _sample(name: str) -> np.ndarray:
+    """One of scikit-image's sample photos as RGB uint8 (real photos nobody drew for these tests)."""
+    data = pytest.importorskip("skimage.data", reason="scikit-image holds the sample photos")
+    image = getattr(data, name)()
+    if image.ndim == 2:
+        image = np.stack([image] * 3, axis=-1)
+    return np.ascontiguousarray(image[..., :3])
+
+
+@pytest.mark.parametrize("name", ["astronaut", "camera"])
+def test_real_faces_are_found_at_the_default_threshold(detector, name):
+    (face,) = detector.detect([_sample(name)])[0][:1]
+    assert face[4] >= detector.min_score
+
+
+@pytest.mark.parametrize("name", ["coffee", "horse", "logo", "coins", "rocket", "clock"])
+def test_things_that_are_not_faces_are_not_reported(detector, name):
+    assert len(detector.detect([_sample(name)])[0]) == 0
+
+
+def test_min_score_is_every_tools_option(tmp_path):
+    from emonet.apps import photo, video, evaluate
+
+    for module in (photo, video, evaluate):
+        parser_args = ["--image", "x.jpg"] if module is photo else ["--video", "x.mp4", "--csv", "f.csv"]
+        if module is evaluate:
+            parser_args = ["--dataset", "csv", "--csv", "x.csv"]
+        assert module.parse_args([*parser_args, "--min-score", "0.8"]).min_score == 0.8
+    out = subprocess.run([sys.executable, "-m", "emonet.apps.photo", "--image", "x.jpg", "--min-score", "2"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "between 0 and 1" in out.stderr

@@ -1,5 +1,7 @@
 """demo.py end to end (a real subprocess, real files) and the pipeline behind it."""
+import csv
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +52,9 @@ def test_photo_to_json_and_annotated_image(tmp_path):
 def test_no_face_bad_image_and_json_file(tmp_path):
     cv2.imwrite(str(tmp_path / "wall.png"), np.full((120, 200, 3), 90, np.uint8))
     (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8\xff garbage")
-    out = demo("--image", tmp_path, "--weights", "random", "--json", tmp_path / "r.json", "--device", "cpu")
+    shutil.copy(PHOTO, tmp_path / "face.jpg")
+    out = demo("--image", tmp_path, "--weights", "random", "--json", tmp_path / "r.json", "--device", "cpu",
+               "--csv", tmp_path / "faces.csv")
     assert out.returncode == 1  # one image could not be read
     assert "broken.jpg: not an image OpenCV can decode" in out.stderr
     assert "wall.png: no face found" in out.stderr and "Traceback" not in out.stderr
@@ -58,6 +62,17 @@ def test_no_face_bad_image_and_json_file(tmp_path):
     by_name = {Path(r["image"]).name: r for r in doc["images"]}
     assert by_name["wall.png"]["faces"] == [] and by_name["wall.png"]["error"] is None
     assert "decode" in by_name["broken.jpg"]["error"]
+    # The CSV beside the JSON: one row per face per image, the same figures.
+    with (tmp_path / "faces.csv").open(newline="") as fh:
+        rows = {Path(r["image"]).name: r for r in csv.DictReader(fh)}
+    assert set(rows) == {"wall.png", "broken.jpg", "face.jpg"}
+    assert rows["wall.png"]["face_index"] == "" and rows["wall.png"]["error"] == ""
+    assert "decode" in rows["broken.jpg"]["error"]
+    (face,) = by_name["face.jpg"]["faces"]
+    row = rows["face.jpg"]
+    assert row["face_index"] == "0" and row["expression"] == face["expression"] and row["untrained"] == "1"
+    assert float(row["valence"]) == face["valence"] and [float(row[k]) for k in ("x1", "y1", "x2", "y2")] == face["box"]
+    assert float(row["p_Happy"]) == face["probabilities"]["Happy"]
 
 
 def test_a_lone_unreadable_image_fails_before_the_engine_is_built(tmp_path):

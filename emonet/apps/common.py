@@ -22,6 +22,13 @@ ENGINE_HELP = ("how the network runs (default: auto). auto: 'fast' on a GPU, the
                "start). max: compiled with max-autotune (a very slow first start)")
 
 
+def _score(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, not {text}")
+    return value
+
+
 def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) -> None:
     """--weights, --nclasses, --device, --engine, cuDNN and determinism switches (and --detector)."""
     g = parser.add_argument_group("model")
@@ -42,6 +49,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
                        help="blazeface (default; ships with the package, works offline), sfd (S3FD, the "
                             "released demo's; downloads its weights on first use) or none (each image is "
                             "already a tight face crop)")
+        g.add_argument("--min-score", type=_score, default=None, metavar="S",
+                       help="report faces the detector scores at least S, between 0 and 1 (default: 0.7 for "
+                            "blazeface, chosen on real photos so that cups and logos are not faces; 0.5 for sfd); "
+                            "lower it to find faint faces, raise it to drop doubtful ones")
 
 
 def build_engine(args: argparse.Namespace, batch_sizes: Sequence[int] = (1, 4, 16)) -> Engine:
@@ -68,7 +79,9 @@ def build_engine(args: argparse.Namespace, batch_sizes: Sequence[int] = (1, 4, 1
 
 def build_detector(args: argparse.Namespace, engine: Engine):
     """The detector the arguments ask for, on the engine's device."""
-    return create_detector(args.detector, engine.device)
+    min_score = getattr(args, "min_score", None)
+    kwargs = {"min_score": min_score} if min_score is not None and args.detector != "none" else {}
+    return create_detector(args.detector, engine.device, **kwargs)
 
 
 def run_tool(main: Callable[[], int]) -> int:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ from ..io.atomic import write_text
 from ..io.images import IMAGE_EXTENSIONS, InputError, check_writable_dir, collect_images, read_image, write_image
 from ..models.weights import UNTRAINED_LABEL
 from ..pipeline import Pipeline
-from ..results import FaceResult, face_record
+from ..results import FaceResult, face_record, photo_fields, photo_row
 from ..timing import LatencyTimer
 from .common import add_model_arguments, build_detector, build_engine, run_tool
 
@@ -51,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     out_file, out_dir = _output_plan(args.output, len(paths))
     if args.json and args.json != "-":
         check_writable_dir(Path(args.json).parent if str(Path(args.json).parent) else Path("."))
+    if args.csv:
+        check_writable_dir(Path(args.csv).parent if str(Path(args.csv).parent) else Path("."))
 
     # A lone image that cannot be read is bad input: say so before paying the engine's load and warm-up
     # (a compiled engine's first start takes minutes). Among several, it is one warning and exit code 1.
@@ -64,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     banner = f"EmoNet: {UNTRAINED_LABEL}" if engine.untrained else None
 
     image_timer, face_timer = LatencyTimer(engine.device), LatencyTimer(engine.device)
-    records, failures, used = [], 0, set()
+    records, rows, failures, used = [], [], 0, set()
     bar = tqdm(paths, unit="image", disable=len(paths) < 4, file=sys.stderr)
     for path in bar:
         try:
@@ -73,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
             failures += 1
             tqdm.write(f"warning: {exc}", file=sys.stderr)
             records.append({"image": str(path), "error": str(exc), "faces": []})
+            rows.append(photo_row(str(path), None, names, error=str(exc)))
             continue
         with image_timer.measure(1):
             detections = detector.detect([image])
@@ -81,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
                 faces = pipeline([image], boxes=detections)[0]
         records.append({"image": str(path), "width": image.shape[1], "height": image.shape[0],
                         "error": None, "faces": [face_record(f, names) for f in faces]})
+        rows += [photo_row(str(path), f, names) for f in faces] or [photo_row(str(path), None, names)]
         _report(path, faces, names, engine.untrained)
         if out_file or out_dir:
             target = out_file or _annotated_name(path, out_dir, used)
@@ -97,6 +103,14 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(text + "\n")
         else:
             write_text(args.json, text + "\n")
+    if args.csv:
+        fields = photo_fields(names) + (["untrained"] if engine.untrained else [])
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore", restval="")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, **({"untrained": 1} if engine.untrained else {})})
+        write_text(args.csv, buffer.getvalue())
     n_faces = sum(len(r["faces"]) for r in records)
     print(f"\n{len(paths)} image(s), {n_faces} face(s), {failures} unreadable", file=sys.stderr)
     print(image_timer.summary().format("whole pipeline (detect + crop + EmoNet) per image", "image"),
@@ -135,6 +149,10 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     parser.add_argument("--image", nargs="+", required=True, metavar="PATH",
                         help="image files, folders (searched recursively) or glob patterns")
     parser.add_argument("--json", metavar="FILE", help="write results as JSON to FILE ('-' for stdout)")
+    parser.add_argument("--csv", metavar="FILE",
+                        help="write one row per face per image to FILE: image, face index, box, score, expression "
+                             "and probabilities, valence, arousal (an image with no face: one row with empty "
+                             "values; an unreadable one: its error)")
     parser.add_argument("--output", metavar="FILE|DIR",
                         help="annotated images: an image file for one input image, else a folder")
     parser.add_argument("--refine", action="store_true",

@@ -16,7 +16,7 @@ _EXPORTS = {
     "CheckpointError": "models", "class_names": "classes", "EXPRESSIONS_8": "classes",
     "EXPRESSIONS_5": "classes", "RuntimeConfig": "runtime", "configure": "runtime",
     "select_device": "runtime", "LatencyTimer": "timing", "model_cost": "timing",
-    "analyze_video": "api", "summarize": "api", "read_faces": "api",
+    "Reader": "api", "FrameFaces": "api", "summarize": "api",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

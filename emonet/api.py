@@ -1,0 +1,90 @@
+"""The Python API for those who embed emonet: read a video's faces frame by frame, and summarise them.
+
+    import emonet
+
+    reader = emonet.Reader(weights="random", device="cpu")     # loads and warms up once
+    for frame in reader.video("clip.mp4"):                     # decoded, detected, tracked, read
+        for face in frame.faces:                               # emonet.results.FaceResult
+            print(frame.index, frame.timestamp, face.face_id, reader.class_names[face.expression])
+    summary = emonet.summarize(reader.video("clip.mp4"), reader.class_names)   # per face id
+
+The same path as the command-line tools (:mod:`emonet.pipeline`), without their outputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Optional, Sequence, Union
+
+import numpy as np
+
+from .results import FaceResult
+from .summary import VideoSummary
+
+
+@dataclass
+class FrameFaces:
+    """One video frame's faces."""
+
+    index: int                      # frame number in the video
+    timestamp: float                # seconds
+    faces: list[FaceResult] = field(default_factory=list)
+
+
+class Reader:
+    """EmoNet with a face detector, loaded once; :meth:`video` and :meth:`images` read faces with it."""
+
+    def __init__(self, weights: str = "pretrained", device: Optional[str] = None, engine: str = "auto",
+                 detector: str = "blazeface", min_score: Optional[float] = None, nclasses: Optional[int] = None,
+                 batch_size: int = 8) -> None:
+        import argparse
+
+        from .apps.common import build_detector, build_engine
+        from .pipeline import Pipeline
+
+        args = argparse.Namespace(weights=weights, device=device, engine=engine, detector=detector,
+                                  min_score=min_score, nclasses=nclasses, no_cudnn_benchmark=False,
+                                  deterministic=False)
+        self.batch_size = batch_size
+        engine_ = build_engine(args, batch_sizes=tuple(sorted({1, 4, batch_size})))
+        self.pipeline = Pipeline(engine_, build_detector(args, engine_))
+        self.class_names: list[str] = list(engine_.class_names)
+
+    def images(self, images: Sequence[np.ndarray]) -> list[list[FaceResult]]:
+        """Faces of each RGB ``(H, W, 3)`` uint8 image."""
+        return self.pipeline(list(images))
+
+    def video(self, source: Union[str, int], detect_every: int = 5, smooth: bool = True,
+              max_frames: Optional[int] = None) -> Iterator[FrameFaces]:
+        """Every frame of a video file (or camera index) with its faces, tracked with stable ids."""
+        from .io.video import VideoReader
+        from .pipeline import VideoPipeline
+
+        video = VideoPipeline(self.pipeline, detect_every=detect_every, smooth=smooth)
+        reader = VideoReader(source, max_frames=max_frames, device=self.pipeline.engine.device)
+        try:
+            chunk: list = []
+            for frame in reader:
+                chunk.append(frame)
+                if len(chunk) == self.batch_size:
+                    yield from self._chunk(video, chunk)
+                    chunk = []
+            if chunk:
+                yield from self._chunk(video, chunk)
+        finally:
+            reader.close()
+
+    @staticmethod
+    def _chunk(video, chunk: list) -> Iterator[FrameFaces]:
+        flags, handle = video.detect(chunk)
+        per_frame = video.finish(video.launch(chunk, flags, handle))
+        for frame, faces in zip(chunk, per_frame):
+            yield FrameFaces(frame.index, frame.timestamp, faces)
+
+
+def summarize(frames: Iterable[FrameFaces], class_names: Sequence[str], fps: float = 0.0) -> list[dict]:
+    """Per face id: frames, valence and arousal mean and standard deviation, the share of each expression
+    (``share_<Class>``) and the dominant one: the figures of ``summary.csv``."""
+    summary = VideoSummary("", class_names, fps)
+    for frame in frames:
+        summary.add(frame.timestamp, frame.faces)
+    return summary.faces()

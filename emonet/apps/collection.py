@@ -103,6 +103,8 @@ class _Distributed:
             import torch.distributed as dist
 
             gpu = device != "cpu" and torch.cuda.is_available()
+            if gpu:  # this rank's GPU is the current one: work placed on "cuda" (graph capture too) goes there
+                torch.cuda.set_device(self.local_rank)
             dist.init_process_group("nccl" if gpu else "gloo",
                                     device_id=torch.device(f"cuda:{self.local_rank}") if gpu else None)
             self.group = True

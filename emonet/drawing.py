@@ -173,18 +173,6 @@ def panel_background(height: int) -> np.ndarray:
     return panel
 
 
-def side_panel(height: int, crop: Optional[np.ndarray], crop_landmarks: Optional[np.ndarray],
-               tracks: Sequence[tuple[str, tuple[int, int, int], float, float, Sequence[tuple[float, float]]]],
-               caption: str = "") -> np.ndarray:
-    """The video panel: the main face's crop with its landmarks over the valence-arousal circumplex.
-
-    ``crop`` is square (any side; the panel's own side avoids a resize) and ``crop_landmarks`` are in its
-    pixels. ``tracks``: (label, colour, valence, arousal, trail) per face.
-    """
-    _, side, radius, center = _panel_layout(height)
-    return _fill_panel(panel_background(height), side, radius, center, crop, crop_landmarks, tracks, caption)
-
-
 def _fill_panel(panel: np.ndarray, side: int, radius: int, center: tuple[int, int], crop, crop_landmarks,
                 tracks, caption: str) -> np.ndarray:
     width = panel.shape[1]

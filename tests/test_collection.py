@@ -123,3 +123,9 @@ def test_collect_videos_refuses_missing_paths_and_clashing_names(recordings, tmp
         collect_videos([str(recordings), str(tmp_path / "x")])
     found = collect_videos([str(recordings / "*.mp4"), str(recordings / "sub")])
     assert [p.name for p in found] == ["a.mp4", "b.mp4", "broken.mp4", "c.mp4"]
+
+
+def test_a_missing_path_is_one_line_and_leaves_no_folder(tmp_path):
+    out = demo_video("--video", tmp_path / "nowhere", "--out-dir", tmp_path / "out", *COMMON)
+    assert out.returncode == 2 and out.stderr.strip().endswith("no such video file or folder")
+    assert "Traceback" not in out.stderr and not (tmp_path / "out").exists()

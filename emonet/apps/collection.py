@@ -18,7 +18,7 @@ from typing import Optional
 
 from ..io.images import InputError, check_writable_dir
 from ..summary import VideoSummary, write_summary_csv
-from .video import Outputs, analyse, build_pipeline
+from .video import LazyPipeline, Outputs, analyse
 
 VIDEO_EXTENSIONS = {".mp4", ".mov", ".avi", ".mkv", ".m4v", ".webm", ".mpg", ".mpeg", ".wmv", ".flv", ".3gp",
                     ".ts", ".mts"}
@@ -131,9 +131,8 @@ def run_collection(args: argparse.Namespace) -> int:
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"{out_dir}: exists and is not a folder")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    videos = collect_videos(args.video, exclude=out_dir)  # before the folder is made: bad input leaves nothing
     check_writable_dir(out_dir)
-    videos = collect_videos(args.video, exclude=out_dir)
     dist = _Distributed(args.device)
     try:
         if dist.world > 1 and (args.device is None or args.device.startswith("cuda")):
@@ -153,13 +152,7 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     if dist.rank == 0:
         print(f"{len(videos)} videos: {len(done)} skipped (outputs complete; --force redoes them), "
               f"{len(todo)} to process" + (f" on {dist.world} processes" if dist.world > 1 else ""), file=err)
-    holder: list = []
-
-    def get_pipeline(shape: tuple):
-        if not holder:
-            holder.append(build_pipeline(args))
-            holder[0].warmup(shape)
-        return holder[0]
+    get_pipeline = LazyPipeline(args)
 
     errors: dict[str, str] = {}
     frames = 0
@@ -179,7 +172,7 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
         frames += run.job.frames
         analysis_seconds += run.wall
     wall = time.perf_counter() - wall0
-    if mine and holder:
+    if mine and get_pipeline.pipeline is not None:
         print(f"rank {dist.rank}: " if dist.world > 1 else "", end="", file=err)
         print(f"{len(mine) - len(errors)} videos, {frames} frames, {frames / max(analysis_seconds, 1e-9):.1f} "
               f"frames/s while analysing, {frames / max(wall, 1e-9):.1f} frames/s over all ({wall:.1f} s)", file=err)

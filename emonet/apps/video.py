@@ -107,11 +107,22 @@ class Outputs:
     summary: Optional[VideoSummary] = None   # collects the figures of summary.json and the plot
 
 
-def build_pipeline(args: argparse.Namespace) -> Pipeline:
-    """The engine and detector the arguments ask for, loaded once per process, in one pipeline."""
-    buckets = sorted({1, 4, 16, 64, args.batch_size, 4 * args.batch_size})
-    engine = build_engine(args, batch_sizes=tuple(b for b in buckets if b <= 4 * args.batch_size))
-    return Pipeline(engine, build_detector(args, engine), max_faces=args.max_faces)
+class LazyPipeline:
+    """``loader(frame_shape)``: the engine and detector the arguments ask for, in one pipeline, built and
+    warmed up on the first call (so bad input fails before the model loads) and reused after."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.pipeline: Optional[Pipeline] = None
+
+    def __call__(self, shape: tuple) -> Pipeline:
+        if self.pipeline is None:
+            args = self.args
+            buckets = sorted({1, 4, 16, 64, args.batch_size, 4 * args.batch_size})
+            engine = build_engine(args, batch_sizes=tuple(b for b in buckets if b <= 4 * args.batch_size))
+            self.pipeline = Pipeline(engine, build_detector(args, engine), max_faces=args.max_faces)
+            self.pipeline.warmup(shape)
+        return self.pipeline
 
 
 class VideoJob:
@@ -206,8 +217,8 @@ class VideoRun:
     interrupted: bool
 
 
-def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipeline, desc: Optional[str] = None,
-            quiet: bool = False) -> VideoRun:
+def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipeline,
+            desc: Optional[str] = None) -> VideoRun:
     """Run one video through the pipeline (``get_pipeline()`` loads it on first use) into ``outputs``.
 
     Ctrl-C and SIGTERM end the run cleanly: every finished frame is kept in every output.
@@ -228,8 +239,7 @@ def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipelin
         height, width, _ = reader.frame_shape
         job = VideoJob(args, get_pipeline((height or 720, width or 1280, 3)), reader, outputs)  # cameras may not say
         wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
-        bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True, desc=desc,
-                   disable=quiet)
+        bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True, desc=desc)
         # Software-pipelined: chunk n's detection is queued, chunk n - 1's EmoNet results are read while it
         # runs (their landmarks place chunk n's crops), then chunk n is tracked, cropped and queued.
         pending = None
@@ -267,15 +277,7 @@ def run(args: argparse.Namespace) -> int:
             check_writable_dir(Path(path).parent if str(Path(path).parent) else Path("."))
     if args.output:
         check_video_name(args.output, args.codec)
-    holder: list[Pipeline] = []
-
-    def get_pipeline(shape: tuple) -> Pipeline:
-        if not holder:
-            holder.append(build_pipeline(args))
-            holder[0].warmup(shape)
-        return holder[0]
-
-    result = analyse(args, source, Outputs(args.csv, args.jsonl, args.output), get_pipeline)
+    result = analyse(args, source, Outputs(args.csv, args.jsonl, args.output), LazyPipeline(args))
     job = result.job
     if job is None or job.frames == 0:
         if result.interrupted:

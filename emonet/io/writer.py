@@ -122,11 +122,10 @@ class VideoWriter:
         frame = av.VideoFrame.from_ndarray(self._yuv, format="yuv420p")
         frame.colorspace = av.video.reformatter.Colorspace.ITU601
         frame.color_range = av.video.reformatter.ColorRange.MPEG
-        if index is None:
-            index = self._last_pts + 1 + (self._first_pts or 0)
         if self._first_pts is None:
-            self._first_pts = index
-        frame.pts = max(index - self._first_pts, self._last_pts + 1)  # the first frame at 0; always forward
+            self._first_pts = index or 0
+        # The first frame at 0, the others by their index (no index: the next one); always forward.
+        frame.pts = self._last_pts + 1 if index is None else max(index - self._first_pts, self._last_pts + 1)
         self._last_pts = frame.pts
         for packet in self._stream.encode(frame):
             self._av.mux(packet)

@@ -13,7 +13,7 @@ setup(
     packages=find_packages(include=["emonet", "emonet.*"]),
     # The BlazeFace detector's weights (1 MB, Apache-2.0) ship with the package, with their notices.
     package_data={"emonet.detection": ["blazeface.pth", "NOTICE.blazeface", "LICENSE.blazeface"],
-                  "emonet.bench": ["astronaut.jpg"]},
+                  "emonet.engine": ["astronaut.jpg"]},
     install_requires=[
         "torch>=2.1",
         "opencv-python>=4.5",

@@ -47,6 +47,7 @@ class Pending:
     faces: list[PlannedFace]
     outputs: Optional[torch.Tensor] = None   # per face: logits, valence, arousal, 68 x 2 landmarks (crop px)
     done: Optional["torch.cuda.Event"] = None
+    flipped: bool = False                    # two more columns: the mirrored crop's valence and arousal
 
 
 Smoother = Callable[[np.ndarray], np.ndarray]
@@ -55,7 +56,7 @@ Smoother = Callable[[np.ndarray], np.ndarray]
 class Pipeline:
     """``pipeline(images)`` -> per image, a list of :class:`FaceResult` (RGB uint8 ``(H, W, 3)`` images in)."""
 
-    def __init__(self, engine: Engine, detector: FaceDetector, refine: bool = False,
+    def __init__(self, engine: Engine, detector: Optional[FaceDetector] = None, refine: bool = False,
                  max_faces: Optional[int] = None) -> None:
         self.engine = engine
         self.detector = detector
@@ -85,15 +86,23 @@ class Pipeline:
                                                                              dtype=torch.uint8)
         return crop_frames(images, [(f.image, f.matrix) for f in faces], self.engine.device)
 
-    def launch(self, images: Sequence, faces: list[PlannedFace]) -> Pending:
-        """Crop the planned faces and queue them through the engine; the outputs come back without waiting."""
-        pending = Pending(faces)
+    def launch(self, images: Sequence, faces: list[PlannedFace], crops: Optional[torch.Tensor] = None,
+               flip: bool = False) -> Pending:
+        """Crop the planned faces (unless ``crops`` are given, one per face) and queue them through the
+        engine; the outputs come back without waiting. ``flip`` also reads the mirrored crops (the
+        evaluation protocol's test-time flip, spec §7)."""
+        pending = Pending(faces, flipped=flip)
         if not faces:
             return pending
-        out = self.engine(self.crops(images, faces))
+        if crops is None:
+            crops = self.crops(images, faces)
+        out = self.engine(crops)
         # Every output leaves the device in one copy (landmarks decoded there).
-        packed = torch.cat([out["expression"], out["valence"][:, None], out["arousal"][:, None],
-                            out["landmarks"].flatten(1)], dim=1)
+        columns = [out["expression"], out["valence"][:, None], out["arousal"][:, None], out["landmarks"].flatten(1)]
+        if flip:
+            mirrored = self.engine(crops.flip(-1))
+            columns += [mirrored["valence"][:, None], mirrored["arousal"][:, None]]
+        packed = torch.cat(columns, dim=1)
         if packed.device.type == "cuda":
             pending.outputs = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
             pending.outputs.copy_(packed, non_blocking=True)
@@ -115,6 +124,11 @@ class Pipeline:
             pending.done.synchronize()
         outputs = pending.outputs.numpy().astype(np.float64)
         n = self.engine.n_expression
+        if pending.flipped:
+            # Valence and arousal: the mean of the crop's and the mirrored crop's raw outputs, clamped after;
+            # the expression and landmarks are the unflipped crop's (spec §7).
+            outputs[:, n:n + 2] = (outputs[:, n:n + 2] + outputs[:, -2:]) / 2
+            outputs = outputs[:, :-2]
         landmarks = crop_to_image([f.matrix for f in pending.faces], outputs[:, n + 2:].reshape(len(outputs), -1, 2))
         results = []
         for k, face in enumerate(pending.faces):
@@ -135,6 +149,8 @@ class Pipeline:
     def __call__(self, images: Sequence[np.ndarray], boxes: Optional[Sequence[np.ndarray]] = None,
                  frames: Optional[Sequence[int]] = None) -> list[list[FaceResult]]:
         """Faces of each image; ``boxes`` (per image ``(k, 5)``) skips detection when given."""
+        if boxes is None and self.detector is None:
+            raise ValueError("this pipeline has no detector: pass the faces' boxes")
         detections = list(boxes) if boxes is not None else self.detector.detect(images)
         planned = self.plan(images, detections, frames)
         results = self.collect(self.launch(images, planned))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -115,6 +116,58 @@ class LatencyTimer:
             items=sum(self._items),
             device=name,
         )
+
+
+def process_age() -> Optional[float]:
+    """Seconds since this process started, interpreter start-up included (Linux ``/proc``); None elsewhere."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # the name, in brackets, may hold spaces
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: start time in ticks
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class StartupClock:
+    """Where the time from process start to the first result went: ``mark(stage)`` at the end of each stage.
+
+    Created once the tool's imports are done; on Linux its origin is the process's start (so the Python
+    start-up and imports are the first stage), elsewhere the moment it was created.
+    """
+
+    def __init__(self) -> None:
+        age = process_age()
+        self.from_process = age is not None
+        self._origin = time.perf_counter() - (age or 0.0)
+        self.stages: list[tuple[str, float]] = []  # (stage, seconds since the origin at its end)
+        if self.from_process:
+            self.stages.append(("Python start-up and imports", age))
+
+    def mark(self, stage: str) -> None:
+        """End ``stage`` now (a stage already marked is not marked again)."""
+        if all(name != stage for name, _ in self.stages):
+            self.stages.append((stage, time.perf_counter() - self._origin))
+
+    @property
+    def total(self) -> float:
+        """Seconds from the origin to the last mark."""
+        return self.stages[-1][1] if self.stages else 0.0
+
+    def as_dict(self) -> dict:
+        """``{"first_result_s": ..., "from": "process start" | "tool start", "stages_s": {stage: seconds}}``."""
+        stages, previous = {}, 0.0
+        for name, end in self.stages:
+            stages[name], previous = round(end - previous, 4), end
+        return {"first_result_s": round(self.total, 4),
+                "from": "process start" if self.from_process else "tool start", "stages_s": stages}
+
+    def format(self, what: str = "first result") -> str:
+        """'first result 2.41 s after the process started: Python start-up and imports 1.02 s, ...'."""
+        parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.as_dict()["stages_s"].items())
+        origin = "the process started" if self.from_process else "the tool started"
+        return f"{what} {self.total:.2f} s after {origin}: {parts}"
 
 
 def time_calls(fn: Callable[[], object], device: torch.device | str, calls: int, n_items: int = 1,

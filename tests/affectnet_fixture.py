@@ -6,7 +6,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from emonet.bench.run import SAMPLE_PHOTO
+from emonet.engine.check import SAMPLE_PHOTO
 
 PHOTO = SAMPLE_PHOTO
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from emonet.bench.run import SAMPLE_PHOTO
+from emonet.engine.check import SAMPLE_PHOTO
 from emonet.detection import DetectorError, create_detector
 from emonet.detection.blazeface import BlazeFaceDetector, _anchors, decode_blazeface, weighted_nms
 from emonet.detection.whole import WholeImageDetector

@@ -9,11 +9,10 @@ import torch
 import torch.nn.functional as F
 
 import emonet
-from emonet.bench import real_face_crops
 from emonet.geometry import decode_heatmaps
 from emonet.engine import (Engine, EngineConfig, StreamedForward, compare, engine_net, fold_batchnorm,
                            fold_stack_tails, fuse_stack_ends, model_input, pad_stem_input, pointwise_max_pools,
-                           split_outputs)
+                           real_face_crops, split_outputs)
 from emonet.engine.compile import compile_options
 from emonet.engine.transforms import Conv1x1ReLU, MaxPool2x2
 

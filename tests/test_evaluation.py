@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from emonet.bench.run import SAMPLE_PHOTO
+from emonet.engine.check import SAMPLE_PHOTO
 from emonet.evaluation.loop import PUBLISHED, published_table
 from tests.affectnet_fixture import make_affectnet
 

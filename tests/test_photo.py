@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from emonet.bench.run import SAMPLE_PHOTO
+from emonet.engine.check import SAMPLE_PHOTO
 import emonet
 from emonet.detection.blazeface import BlazeFaceDetector
 from emonet.detection.whole import WholeImageDetector
@@ -47,6 +47,11 @@ def test_photo_to_json_and_annotated_image(tmp_path):
     assert annotated.shape == (512, 512, 3)
     assert "predictions are meaningless" in out.stderr and "first call" in out.stderr
     assert "steady state" in out.stderr
+    # The time from process start to the first result, and where it went.
+    startup = doc["latency"]["startup"]
+    assert list(startup["stages_s"])[-1] == "first image" and startup["from"] == "process start"
+    assert abs(sum(startup["stages_s"].values()) - startup["first_result_s"]) < 1e-3
+    assert f"first result {startup['first_result_s']:.2f} s after the process started" in out.stderr
 
 
 def test_no_face_bad_image_and_json_file(tmp_path):

@@ -1,3 +1,6 @@
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -55,3 +58,25 @@ def test_model_cost_is_the_published_one():
     assert round(cost.parameters / 1e6, 2) == 13.96
     assert round(cost.flops_per_crop / 1e9, 1) == 33.9
     assert "13.96 M parameters" in cost.format()
+
+
+def test_process_age_counts_from_the_process_start():
+    # A warm start is timed from the process's start, not from when emonet was imported.
+    code = "import time; time.sleep(0.5); from emonet.timing import process_age; print(process_age())"
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    wall = time.perf_counter() - t
+    assert 0.48 <= float(out) <= wall + 0.02  # /proc counts in 10 ms steps
+
+
+def test_startup_clock_splits_the_time_to_the_first_result_into_stages():
+    code = ("import time; from emonet.timing import StartupClock; time.sleep(0.3); c = StartupClock(); "
+            "time.sleep(0.2); c.mark('model'); c.mark('model'); time.sleep(0.1); c.mark('first result'); "
+            "import json; print(json.dumps(c.as_dict())); print(c.format())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    report = json.loads(out[0])
+    stages = report["stages_s"]
+    assert list(stages) == ["Python start-up and imports", "model", "first result"]  # a stage is marked once
+    assert stages["Python start-up and imports"] >= 0.29 and 0.19 <= stages["model"] and 0.09 <= stages["first result"]
+    assert abs(sum(stages.values()) - report["first_result_s"]) < 1e-3 and report["from"] == "process start"
+    assert out[1].startswith(f"first result {report['first_result_s']:.2f} s after the process started: Python")

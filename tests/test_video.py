@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from emonet.bench.run import SAMPLE_PHOTO
+from emonet.engine.check import SAMPLE_PHOTO
 
 ROOT = Path(__file__).resolve().parents[1]
 

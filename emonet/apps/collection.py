@@ -18,6 +18,7 @@ from typing import Optional
 
 from ..io.images import InputError, check_writable_dir
 from ..summary import VideoSummary, write_summary_csv
+from ..timing import StartupClock
 from .video import LazyPipeline, Outputs, analyse
 
 VIDEO_EXTENSIONS = {".mp4", ".mov", ".avi", ".mkv", ".m4v", ".webm", ".mpg", ".mpeg", ".wmv", ".flv", ".3gp",
@@ -146,13 +147,16 @@ def run_collection(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Distributed) -> int:
     err = sys.stderr
+    startup = StartupClock()
     done = [v for v in videos if not args.force and _complete(output_paths(out_dir, v, args.output_videos))]
     todo = [v for v in videos if v not in done]
-    mine = [todo[i] for i in shares([frame_count(v) for v in todo], dist.world)[dist.rank]]
+    counts = [frame_count(v) for v in todo]
+    share = shares(counts, dist.world)[dist.rank]
+    mine = [todo[i] for i in share]
     if dist.rank == 0:
         print(f"{len(videos)} videos: {len(done)} skipped (outputs complete; --force redoes them), "
               f"{len(todo)} to process" + (f" on {dist.world} processes" if dist.world > 1 else ""), file=err)
-    get_pipeline = LazyPipeline(args)
+    get_pipeline = LazyPipeline(args, job=sum(counts[i] for i in share))  # the warm-up fits the whole share
 
     errors: dict[str, str] = {}
     frames = 0
@@ -161,7 +165,8 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     for n, video in enumerate(mine, 1):
         paths = output_paths(out_dir, video, args.output_videos)
         try:
-            run = _one(args, video, paths, get_pipeline, f"[{n}/{len(mine)}] {video.name}")
+            run = _one(args, video, paths, get_pipeline, f"[{n}/{len(mine)}] {video.name}",
+                       startup if get_pipeline.pipeline is None else None)
         except InputError as exc:  # one line; the others go on
             errors[str(video)] = str(exc)
             print(f"error: {exc}", file=err)
@@ -176,6 +181,7 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
         print(f"rank {dist.rank}: " if dist.world > 1 else "", end="", file=err)
         print(f"{len(mine) - len(errors)} videos, {frames} frames, {frames / max(analysis_seconds, 1e-9):.1f} "
               f"frames/s while analysing, {frames / max(wall, 1e-9):.1f} frames/s over all ({wall:.1f} s)", file=err)
+        print(startup.format("first results"), file=err)
     all_errors: dict[str, str] = {}
     for part in dist.gather(errors):
         all_errors.update(part)
@@ -206,18 +212,19 @@ def _complete(paths: dict[str, Path]) -> bool:
     return all(p.is_file() for p in paths.values())
 
 
-def _one(args: argparse.Namespace, video: Path, paths: dict[str, Path], get_pipeline, desc: str):
+def _one(args: argparse.Namespace, video: Path, paths: dict[str, Path], get_pipeline, desc: str,
+         startup: Optional[StartupClock] = None):
     """One video into its outputs; the summary and plot are written only after the rows are complete."""
     summary = VideoSummary(str(video), [], 0.0)
 
-    def pipeline_for(shape: tuple):
-        pipeline = get_pipeline(shape)
+    def pipeline_for(shape: tuple, frames: Optional[int] = None):
+        pipeline = get_pipeline(shape, frames)
         summary.class_names, summary.untrained = list(pipeline.engine.class_names), pipeline.engine.untrained
         return pipeline
 
     outputs = Outputs(csv=str(paths["csv"]), video=str(paths["video"]) if "video" in paths else None,
                       summary=summary)
-    run = analyse(args, str(video), outputs, pipeline_for, desc=desc)
+    run = analyse(args, str(video), outputs, pipeline_for, desc=desc, startup=startup)
     if run.interrupted:
         return run
     if run.job is None or run.job.frames == 0:

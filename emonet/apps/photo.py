@@ -18,7 +18,7 @@ from ..io.images import IMAGE_EXTENSIONS, InputError, check_writable_dir, collec
 from ..models.weights import UNTRAINED_LABEL
 from ..pipeline import Pipeline
 from ..results import FaceResult, face_record, photo_fields, photo_row
-from ..timing import LatencyTimer
+from ..timing import LatencyTimer, StartupClock
 from .common import add_model_arguments, build_detector, build_engine, run_tool
 
 
@@ -49,6 +49,7 @@ def _annotated_name(path: Path, folder: Path, used: set) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Process every image; return the exit code (1 when some image could not be read)."""
+    startup = StartupClock()
     paths = collect_images(args.image)
     out_file, out_dir = _output_plan(args.output, len(paths))
     if args.json and args.json != "-":
@@ -60,10 +61,14 @@ def run(args: argparse.Namespace) -> int:
     # (a compiled engine's first start takes minutes). Among several, it is one warning and exit code 1.
     first = read_image(paths[0]) if len(paths) == 1 else None
 
-    engine = build_engine(args)
+    # The job is known before the model loads: a few photos get no CUDA graphs and no warm-up.
+    engine = build_engine(args, job=len(paths))
+    startup.mark("model and engine")
     detector = build_detector(args, engine)
     pipeline = Pipeline(engine, detector, refine=args.refine)
-    pipeline.warmup()
+    if engine.config.warmup:
+        pipeline.warmup()
+    startup.mark("detector" + (" and warm-up" if engine.config.warmup else ""))
     names = engine.class_names
     banner = f"EmoNet: {UNTRAINED_LABEL}" if engine.untrained else None
 
@@ -84,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
             n = len(detections[0])
             with face_timer.measure(max(n, 1)):
                 faces = pipeline([image], boxes=detections)[0]
+        startup.mark("first image")
         records.append({"image": str(path), "width": image.shape[1], "height": image.shape[0],
                         "error": None, "faces": [face_record(f, names) for f in faces]})
         rows += [photo_row(str(path), f, names) for f in faces] or [photo_row(str(path), None, names)]
@@ -93,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
             write_image(target, annotate(image, faces, names, banner))
 
     latency = {"per_image": image_timer.summary().as_dict(), "emonet_per_image": face_timer.summary().as_dict(),
-               "engine_warmup_ms": engine.warmup_ms}
+               "engine_warmup_ms": engine.warmup_ms, "startup": startup.as_dict()}
     if args.json:
         doc = {"emonet_version": __version__, "weights": engine.weights_source, "untrained": engine.untrained,
                "classes": list(names), "detector": detector.name, "refine": args.refine,
@@ -116,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     print(image_timer.summary().format("whole pipeline (detect + crop + EmoNet) per image", "image"),
           file=sys.stderr)
     print(face_timer.summary().format("crop + EmoNet per image", "face"), file=sys.stderr)
+    print(startup.format(), file=sys.stderr)
     return 1 if failures else 0
 
 

@@ -34,7 +34,7 @@ from ..pipeline import PendingChunk, Pipeline, VideoPipeline
 from ..results import FaceResult, frame_fields, frame_row
 from ..summary import VideoSummary
 from ..runtime import select_device
-from ..timing import LatencyTimer
+from ..timing import LatencyTimer, StartupClock
 from .common import add_model_arguments, build_detector, build_engine, run_tool
 
 STAGES = ("decode", "detect", "emonet", "results", "draw", "encode")  # emonet: track, crop, network
@@ -108,20 +108,27 @@ class Outputs:
 
 
 class LazyPipeline:
-    """``loader(frame_shape)``: the engine and detector the arguments ask for, in one pipeline, built and
-    warmed up on the first call (so bad input fails before the model loads) and reused after."""
+    """``loader(frame_shape, frames)``: the engine and detector the arguments ask for, in one pipeline,
+    built and warmed up on the first call (so bad input fails before the model loads) and reused after.
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    ``job`` is the whole run's frame count where known (a collection's); otherwise the first call's
+    ``frames`` (one video's) sizes the warm-up: a short clip does not repay CUDA graphs.
+    """
+
+    def __init__(self, args: argparse.Namespace, job: Optional[int] = None) -> None:
         self.args = args
+        self.job = job
         self.pipeline: Optional[Pipeline] = None
 
-    def __call__(self, shape: tuple) -> Pipeline:
+    def __call__(self, shape: tuple, frames: Optional[int] = None) -> Pipeline:
         if self.pipeline is None:
             args = self.args
             buckets = sorted({1, 4, 16, 64, args.batch_size, 4 * args.batch_size})
-            engine = build_engine(args, batch_sizes=tuple(b for b in buckets if b <= 4 * args.batch_size))
+            engine = build_engine(args, batch_sizes=tuple(b for b in buckets if b <= 4 * args.batch_size),
+                                  job=self.job if self.job is not None else frames)
             self.pipeline = Pipeline(engine, build_detector(args, engine), max_faces=args.max_faces)
-            self.pipeline.warmup(shape)
+            if engine.config.warmup:
+                self.pipeline.warmup(shape)
         return self.pipeline
 
 
@@ -218,8 +225,9 @@ class VideoRun:
 
 
 def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipeline,
-            desc: Optional[str] = None) -> VideoRun:
-    """Run one video through the pipeline (``get_pipeline()`` loads it on first use) into ``outputs``.
+            desc: Optional[str] = None, startup: Optional[StartupClock] = None) -> VideoRun:
+    """Run one video through the pipeline (``get_pipeline(shape, frames)`` loads it on first use) into
+    ``outputs``; ``startup``, if given, is marked as the model loads and the first results come.
 
     Ctrl-C and SIGTERM end the run cleanly: every finished frame is kept in every output.
     """
@@ -237,7 +245,12 @@ def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipelin
     wall0 = time.perf_counter()
     try:
         height, width, _ = reader.frame_shape
-        job = VideoJob(args, get_pipeline((height or 720, width or 1280, 3)), reader, outputs)  # cameras may not say
+        if startup is not None:
+            startup.mark("opening the video")
+        pipeline = get_pipeline((height or 720, width or 1280, 3), reader.expected_frames)  # cameras may not say
+        if startup is not None:
+            startup.mark("model, engine and warm-up")
+        job = VideoJob(args, pipeline, reader, outputs)
         wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
         bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True, desc=desc)
         # Software-pipelined: chunk n's detection is queued, chunk n - 1's EmoNet results are read while it
@@ -247,11 +260,15 @@ def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipelin
             flags, boxes = job.detect(chunk)
             if pending is not None:
                 job.finish(pending)
+                if startup is not None:
+                    startup.mark(f"first {len(pending.frames)} frames")
                 bar.update(len(pending.frames))
                 bar.set_postfix(faces=job.faces, refresh=False)
             pending = job.launch(chunk, flags, boxes)
         if pending is not None:
             job.finish(pending)
+            if startup is not None:
+                startup.mark(f"first {len(pending.frames)} frames")
             bar.update(len(pending.frames))
         bar.close()
     except KeyboardInterrupt:
@@ -271,13 +288,14 @@ def run(args: argparse.Namespace) -> int:
     if args.out_dir is not None:
         from .collection import run_collection
         return run_collection(args)
+    startup = StartupClock()
     source = args.video[0]
     for path in (args.output, args.csv, args.jsonl):
         if path:
             check_writable_dir(Path(path).parent if str(Path(path).parent) else Path("."))
     if args.output:
         check_video_name(args.output, args.codec)
-    result = analyse(args, source, Outputs(args.csv, args.jsonl, args.output), LazyPipeline(args))
+    result = analyse(args, source, Outputs(args.csv, args.jsonl, args.output), LazyPipeline(args), startup=startup)
     job = result.job
     if job is None or job.frames == 0:
         if result.interrupted:
@@ -285,6 +303,7 @@ def run(args: argparse.Namespace) -> int:
             return 130
         raise InputError(f"{source}: no frame could be read (empty, corrupt, or a codec OpenCV cannot decode)")
     _summary(job, job.reader, result.wall, result.video, result.interrupted)
+    print(startup.format("first results"), file=sys.stderr)
     return 130 if result.interrupted else 0
 
 

@@ -17,31 +17,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
-
-if TYPE_CHECKING:
-    import torch
-
-# A real photo with one face (NASA, public domain; also scikit-image's "astronaut"), shipped with the package.
-SAMPLE_PHOTO = Path(__file__).resolve().parent / "astronaut.jpg"
-
-
-def process_age() -> float:
-    """Seconds since this process started, the interpreter's own start-up included (Linux's /proc, in
-    10 ms steps); where there is no /proc, 0."""
-    try:
-        with open("/proc/self/stat") as fh:
-            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
-        with open("/proc/uptime") as fh:
-            uptime = float(fh.read().split()[0])
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError, AttributeError):
-        return 0.0
+from typing import Optional
 
 
 def process_start() -> float:
     """The process's start on ``time.perf_counter``'s clock: warm starts count from it."""
-    return time.perf_counter() - process_age()
+    from ..timing import process_age
+
+    return time.perf_counter() - (process_age() or 0.0)
 
 
 @dataclass(frozen=True)
@@ -105,32 +88,13 @@ GPU_DEFAULT = ["released", "released+bench", "released+determ", "tf32", "fp16-ea
 CPU_DEFAULT = ["released", "fp32-eager", "bf16-eager"]
 
 
-def real_face_crops(n: int = 16) -> "torch.Tensor":
-    """``n`` real 256x256 face crops (uint8): the test photo's face with small shifts, zooms and flips."""
-    import cv2
-    import numpy as np
-    from ..geometry import box_to_matrix, to_tensor, warp_crops
-
-    photo = SAMPLE_PHOTO
-    image = cv2.imread(str(photo))
-    if image is None:
-        raise FileNotFoundError(f"test photo not found: {photo}")
-    image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-    rng = np.random.default_rng(0)
-    box = np.array([175.0, 70.0, 275.0, 185.0])  # the astronaut's face (hand-checked)
-    mats = [box_to_matrix(box + rng.normal(0, 4, 4)) for _ in range(n)]
-    crops = warp_crops(image, mats)
-    crops[1::2] = crops[1::2, :, ::-1]
-    return to_tensor(crops)
-
-
 # -- one mode, in this process ----------------------------------------------------------------
 
 def run_child(args: argparse.Namespace) -> dict:
     """Measure one mode in this (fresh) process and return the numbers."""
     import torch
     from ..models.weights import load_model
-    from ..engine import Engine, EngineConfig, compare
+    from ..engine import Engine, EngineConfig, compare, real_face_crops
     from ..runtime import RuntimeConfig, configure
     from ..timing import LatencyTimer, time_calls
 
@@ -202,7 +166,7 @@ def profile(mode_name: str, batch: int, device: str, weights: str = "random", st
     import torch
     from torch.profiler import ProfilerActivity, profile as torch_profile
     from ..models.weights import load_model
-    from ..engine import Engine, EngineConfig
+    from ..engine import Engine, EngineConfig, real_face_crops
     from ..runtime import RuntimeConfig, configure
 
     mode = next(m for m in MODES if m.name == mode_name)
@@ -238,6 +202,7 @@ def warp_benchmark(device: str, repeats: int = 50) -> str:
     import statistics
     import cv2
     import torch
+    from ..engine.check import SAMPLE_PHOTO
     from ..geometry import box_to_matrix, to_tensor, warp_crops, warp_crops_torch
 
     dev = torch.device(device)
@@ -279,6 +244,7 @@ def make_clip(path: Path, width: int = 1280, height: int = 720, frames: int = 30
     """
     import cv2
     import numpy as np
+    from ..engine.check import SAMPLE_PHOTO
     from ..io.writer import VideoWriter
 
     face = cv2.imread(str(SAMPLE_PHOTO))
@@ -412,6 +378,86 @@ def video_benchmark(clip: Optional[str], device: str, engines: list[str], repeat
         vs = f"{mid / released['video' if '--output' in name else 'analysis']:.1f}×" if name.startswith("demo_video") else ""
         lines.append(f"| {name} | {mid:.1f} | {each} | {vs} | {100 * mid / reference:.0f} % |")
     return "\n".join(lines + [""] + notes)
+
+
+# -- photos: process start to exit, fresh processes -----------------------------------------------
+
+# The released demo's way for images, in one process: load the checkpoint, cudnn.benchmark on, eager fp32,
+# each image resized whole to 256x256 and run alone.
+RELEASED_PHOTO = """
+import sys, cv2, torch
+from emonet.models import EmoNet
+checkpoint, device, paths = sys.argv[1], torch.device(sys.argv[2]), sys.argv[3:]
+torch.backends.cudnn.benchmark = True
+state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+net = EmoNet(8)
+net.load_state_dict({k.removeprefix("module."): v for k, v in state.items()})
+net = net.to(device).eval()
+for path in paths:
+    image = cv2.cvtColor(cv2.resize(cv2.imread(path), (256, 256)), cv2.COLOR_BGR2RGB)
+    x = torch.from_numpy(image).permute(2, 0, 1).float().div(255).unsqueeze(0).to(device)
+    with torch.no_grad():
+        out = net(x)
+    print(path, int(out["expression"].argmax()), float(out["valence"].cpu()))
+"""
+
+
+def photo_benchmark(photo: Optional[str], device: str, repeat: int = 2, crops: int = 149) -> str:
+    """One photo, and ``crops`` tight face crops, from process start to exit: the released demo's way
+    against the photo tool's ways, fresh processes alternating, ``repeat`` rounds, and the floor of a
+    process that only imports torch and touches the device."""
+    import re
+    import statistics
+    import cv2
+    import torch
+    from ..engine.check import SAMPLE_PHOTO, real_face_crops
+    from ..models.weights import load_model
+
+    with tempfile.TemporaryDirectory(prefix="emonet-photo-") as tmp:
+        tmp = Path(tmp)
+        checkpoint = tmp / "emonet_8.pth"  # the same random weights for every way, in the released format
+        torch.save({f"module.{k}": v for k, v in load_model("random").state_dict().items()}, checkpoint)
+        image = str(Path(photo) if photo else SAMPLE_PHOTO)
+        folder = tmp / "crops"
+        folder.mkdir()
+        for k, crop in enumerate(real_face_crops(crops).permute(0, 2, 3, 1).numpy()):
+            cv2.imwrite(str(folder / f"crop{k:03d}.jpg"), cv2.cvtColor(crop, cv2.COLOR_RGB2BGR))
+        crop_paths = sorted(map(str, folder.glob("*.jpg")))
+        tool = [sys.executable, "-m", "emonet.apps.photo", "--weights", str(checkpoint), "--device", device]
+        released = [sys.executable, "-c", RELEASED_PHOTO, str(checkpoint), device]
+        ways = [("the released demo's way (load, cudnn.benchmark, eager fp32, one forward)", released + [image]),
+                ("demo.py --detector none", tool + ["--image", image, "--detector", "none"]),
+                ("demo.py (BlazeFace)", tool + ["--image", image]),
+                ("demo.py --engine eager", tool + ["--image", image, "--engine", "eager"]),
+                (f"{crops} tight crops: the released way, one process", released + crop_paths),
+                (f"{crops} tight crops: demo.py --detector none", tool + ["--image", str(folder), "--detector", "none"]),
+                ("a process that only imports torch and touches the device", None)]
+        times: dict[str, list[float]] = {name: [] for name, _ in ways}
+        first: dict[str, list[str]] = {name: [] for name, _ in ways}
+        for _ in range(repeat):
+            for name, cmd in ways:  # alternating: each round runs every way once
+                if cmd is None:
+                    floor = startup_floor(device)
+                    times[name].append(floor.get("process_s", float("nan")))
+                    continue
+                t = time.perf_counter()
+                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
+                times[name].append(time.perf_counter() - t if proc.returncode == 0 else float("nan"))
+                line = re.search(r"first result .*", proc.stderr)
+                if line:
+                    first[name].append(line.group(0))
+    floor_s = statistics.median(times[ways[-1][0]])
+    lines = [f"Photo: {image}; device {device}; {repeat} rounds, fresh processes, alternating", "",
+             "| one photo, process start to exit | " + " | ".join(f"run {k + 1}" for k in range(repeat))
+             + " | median | vs floor |", "|---|" + "---|" * (repeat + 2)]
+    for name, _ in ways:
+        mid = statistics.median(times[name])
+        lines.append(f"| {name} | " + " | ".join(f"{t:.2f} s" for t in times[name])
+                     + f" | {mid:.2f} s | {mid / floor_s:.2f}× |")
+    lines.append("")
+    for name, _ in ways:
+        lines += [f"- {name}, run {k + 1}: {text}" for k, text in enumerate(first[name])]
+    return "\n".join(lines)
 
 
 # -- the whole comparison, one fresh process per measurement ------------------------------------
@@ -562,6 +608,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--video-repeat", default=1, type=int, metavar="N",
                         help="with --video: run each analysis-only demo_video.py N times, report the median "
                              "(runs vary; default 1)")
+    parser.add_argument("--photo", nargs="?", const="", default=None, metavar="PHOTO",
+                        help="instead: one photo (default: the sample astronaut) and 149 tight face crops from "
+                             "process start to exit, the released demo's way against demo.py, fresh processes")
+    parser.add_argument("--photo-repeat", default=2, type=int, metavar="N",
+                        help="with --photo: rounds, each running every way once (default 2)")
     parser.add_argument("--warp", action="store_true",
                         help="instead: time cutting face crops with OpenCV against grid_sample on the device")
     parser.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
@@ -586,6 +637,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     # --warp, --video and --profile make one Markdown report: shown, and saved to --markdown.
     if args.warp:
         _report(warp_benchmark(args.device), args.markdown)
+        return 0
+    if args.photo is not None:
+        if args.photo and not Path(args.photo).is_file():
+            print(f"error: {args.photo}: no such photo", file=sys.stderr)
+            return 2
+        _report(photo_benchmark(args.photo or None, args.device, max(1, args.photo_repeat)), args.markdown)
         return 0
     if args.video is not None:
         from ..io.images import InputError

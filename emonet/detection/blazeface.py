@@ -7,6 +7,8 @@ network runs as a CUDA graph and accepts frames already uploaded there.
 """
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -95,15 +97,34 @@ def weighted_nms(detections: np.ndarray, threshold: float) -> np.ndarray:
 DEFAULT_MIN_SCORE = 0.7
 
 
+def _blazeface_class() -> type:
+    """face-alignment's BlazeFace network class, loaded from its own module file.
+
+    Importing it the usual way runs ``face_alignment/__init__``, which imports scikit-image, SciPy and
+    Numba (about 0.4 s) for things this detector never uses; the module itself needs only torch.
+    """
+    name = "face_alignment.detection.blazeface.net_blazeface"
+    if name in sys.modules:
+        return sys.modules[name].BlazeFace
+    package = importlib.util.find_spec("face_alignment")  # finds the package without running it
+    if package is None or package.origin is None:
+        raise DetectorError("the blazeface detector needs face-alignment: pip install face-alignment")
+    path = Path(package.origin).parent / "detection" / "blazeface" / "net_blazeface.py"
+    spec = importlib.util.spec_from_file_location("emonet.detection._net_blazeface", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.BlazeFace
+
+
 class BlazeFaceDetector(FaceDetector):
     """MediaPipe BlazeFace on any device; ``model='back'`` (256 input, faces at any distance) or ``'front'`` (128, selfies)."""
 
     name = "blazeface"
 
     def __init__(self, device: Union[str, torch.device] = "cpu", model: str = "back",
-                 weights: Union[str, Path, None] = None, min_score: Optional[float] = None) -> None:
-        from face_alignment.detection.blazeface.net_blazeface import BlazeFace
-
+                 weights: Union[str, Path, None] = None, min_score: Optional[float] = None,
+                 cuda_graphs: bool = True) -> None:
+        BlazeFace = _blazeface_class()
         if model not in ("back", "front"):
             raise DetectorError(f"BlazeFace model must be 'back' or 'front', not {model!r}")
         path = Path(weights) if weights else WEIGHTS
@@ -119,6 +140,8 @@ class BlazeFaceDetector(FaceDetector):
         self.min_score = DEFAULT_MIN_SCORE if min_score is None else float(min_score)
         self.size = 256 if model == "back" else 128
         self.max_batch = 8
+        # A job of a few images does not repay capturing graphs: they run eagerly.
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self._graphs: dict[int, tuple] = {}  # padded batch -> (CUDA graph, static input, static outputs)
 
     def letterbox(self, images: Sequence[Union[np.ndarray, torch.Tensor]]) -> tuple[torch.Tensor, list[tuple[float, float, float]]]:
@@ -207,7 +230,7 @@ class BlazeFaceDetector(FaceDetector):
 
     def _forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The network; on a GPU as a CUDA graph per padded batch size (eager, it is ~150 tiny launches)."""
-        if self.device.type != "cuda":
+        if not self.cuda_graphs:
             return self.net(x)
         if x.shape[0] not in self._graphs:
             static_in = x.clone()

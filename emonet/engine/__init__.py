@@ -6,14 +6,16 @@
 | :mod:`.transforms` | exact transforms that build the engine's own network (:class:`EngineNet`) |
 | :mod:`.forward` | the forward functions run and compiled: whole model, or pieces on side CUDA streams |
 | :mod:`.compile`, :mod:`.precompile` | ``torch.compile`` options, and compiled code kept between processes |
-| :mod:`.core` | :class:`Engine`: CUDA graphs, warm-up, batching; :func:`compare` with fp32 |
+| :mod:`.core` | :class:`Engine`: CUDA graphs, warm-up, batching |
+| :mod:`.check` | :func:`compare` a fast engine with fp32 on real face crops (the sample photo ships here) |
 """
 from .config import PRESETS, EngineConfig
-from .core import Agreement, Engine, compare
+from .core import Engine
+from .check import Agreement, compare, real_face_crops
 from .forward import StreamedForward, model_input, split_outputs
 from .transforms import EngineNet, engine_net, fold_batchnorm, fold_stack_tails, fuse_stack_ends, pad_stem_input, \
     pointwise_max_pools
 
-__all__ = ["PRESETS", "EngineConfig", "Engine", "Agreement", "compare", "StreamedForward", "model_input",
+__all__ = ["PRESETS", "EngineConfig", "Engine", "Agreement", "compare", "real_face_crops", "StreamedForward", "model_input",
            "split_outputs", "EngineNet", "engine_net", "fold_batchnorm", "fold_stack_tails", "fuse_stack_ends",
            "pad_stem_input", "pointwise_max_pools"]

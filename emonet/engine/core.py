@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Dict, Optional
 
 import torch
@@ -214,41 +214,3 @@ class Engine:
                   f"{', '.join(map(str, self.config.batch_sizes))}): {self.warmup_ms / 1e3:.2f} s "
                   f"({', '.join(paid) or 'first-call allocations'}), paid once at load")
         return self.warmup_ms
-
-
-@dataclass
-class Agreement:
-    """How a fast mode's outputs compare with fp32 eager on the same crops."""
-
-    n: int
-    argmax_agreement: float
-    max_valence_diff: float
-    max_arousal_diff: float
-    tolerance: float = 0.01
-
-    @property
-    def ok(self) -> bool:
-        """Same arg-max everywhere; valence and arousal within the tolerance."""
-        return (self.argmax_agreement == 1.0 and self.max_valence_diff <= self.tolerance
-                and self.max_arousal_diff <= self.tolerance)
-
-    def format(self) -> str:
-        """One line for reports."""
-        return (f"{'OK' if self.ok else 'MISMATCH'}: arg-max agreement {self.argmax_agreement:.0%} "
-                f"over {self.n} crops, max |dV| {self.max_valence_diff:.4f}, max |dA| "
-                f"{self.max_arousal_diff:.4f} (tolerance {self.tolerance})")
-
-
-def compare(engine: Engine, reference: EmoNet, crops: torch.Tensor) -> Agreement:
-    """Compare ``engine`` with the fp32 eager ``reference`` model on ``crops`` (uint8 or float in [0, 1])."""
-    ref_dev = next(reference.parameters()).device
-    x = crops.float() / 255.0 if crops.dtype == torch.uint8 else crops.float()
-    with torch.inference_mode():
-        ref = reference.float().eval()(x.to(ref_dev))
-    got = engine(crops)
-    ref_cls = ref["expression"].argmax(1).cpu()
-    got_cls = got["expression"].argmax(1).cpu()
-    def diff(key: str) -> float:
-        return float((got[key].cpu().clamp(-1, 1) - ref[key].cpu().clamp(-1, 1)).abs().max())
-    return Agreement(n=len(crops), argmax_agreement=float((ref_cls == got_cls).float().mean()),
-                     max_valence_diff=diff("valence"), max_arousal_diff=diff("arousal"))

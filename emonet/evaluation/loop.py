@@ -25,7 +25,8 @@ from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
 from .datasets import DatasetError, FaceDataset, affectnet, csv_dataset
-from ..engine import Engine
+from ..pipeline import Pipeline, PlannedFace
+from ..results import FaceResult
 from ..io.atomic import write_text
 from ..io.images import InputError, check_writable_dir, read_image
 from .metrics import evaluate_predictions
@@ -69,33 +70,39 @@ class Predictions:
     """Per-sample outputs, in dataset order."""
 
     index: np.ndarray
-    logits: np.ndarray
-    valence: np.ndarray
+    probabilities: np.ndarray
+    valence: np.ndarray   # clamped to [-1, 1] (after the flip's mean)
     arousal: np.ndarray
 
 
-def predict(engine: Engine, dataset: FaceDataset, flip: bool = True, batch_size: int = 64, workers: int = 2,
+def sample_face(dataset: FaceDataset, index: int, image: int) -> PlannedFace:
+    """A dataset sample as a planned face: its crop matrix, and the detector's box where one placed it."""
+    s = dataset.samples[index]
+    # The detector's score is not kept with the sample: nan.
+    return PlannedFace(image=image, frame=index, face_id=0, box=s.box, score=float("nan"),
+                       detected=s.faces_found is not None, matrix=s.matrix)
+
+
+def predict(pipeline: Pipeline, dataset: FaceDataset, flip: bool = True, batch_size: int = 64, workers: int = 2,
             ddp: Distributed = Distributed(), progress: bool = True) -> tuple[Predictions, float]:
-    """Run the engine over ``dataset`` (this process's shard); returns the gathered predictions and images/s."""
+    """Run the pipeline over ``dataset``'s crops (this process's shard); the gathered predictions and images/s.
+
+    The crops are warped in the DataLoader's workers; the pipeline turns the network's outputs into results
+    as for photos and video, with the protocol's test-time flip (spec §7) when ``flip``.
+    """
     sampler = DistributedSampler(dataset, num_replicas=ddp.world, rank=ddp.rank, shuffle=False) \
         if ddp.world > 1 else None
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False, num_workers=workers,
-                        pin_memory=engine.device.type == "cuda", drop_last=False)
-    parts = {"index": [], "logits": [], "valence": [], "arousal": []}
+                        pin_memory=pipeline.engine.device.type == "cuda", drop_last=False)
+    results: list[FaceResult] = []
     start = time.perf_counter()
     for crops, _, _, _, index in tqdm(loader, desc="evaluating", unit="batch", disable=not progress,
                                       file=sys.stderr):
-        out = engine(crops)
-        valence, arousal = out["valence"], out["arousal"]
-        if flip:  # test-time flip: valence/arousal averaged, expression from the unflipped crop (spec §7)
-            flipped = engine(crops.flip(-1))
-            valence = (valence + flipped["valence"]) / 2
-            arousal = (arousal + flipped["arousal"]) / 2
-        parts["index"].append(index.numpy())
-        parts["logits"].append(out["expression"].cpu().numpy())
-        parts["valence"].append(valence.cpu().numpy())
-        parts["arousal"].append(arousal.cpu().numpy())
-    local = {k: (np.concatenate(v) if v else np.zeros((0,))) for k, v in parts.items()}
+        faces = [sample_face(dataset, int(i), k) for k, i in enumerate(index)]
+        results += pipeline.collect(pipeline.launch([], faces, crops=crops, flip=flip))
+    local = {"index": np.array([r.frame for r in results], dtype=np.int64),
+             "probabilities": np.array([r.probabilities for r in results]).reshape(len(results), -1),
+             "valence": np.array([r.valence for r in results]), "arousal": np.array([r.arousal for r in results])}
     if ddp.world > 1:
         gathered: list = [None] * ddp.world
         dist.all_gather_object(gathered, local)
@@ -104,7 +111,7 @@ def predict(engine: Engine, dataset: FaceDataset, flip: bool = True, batch_size:
     # The sampler pads the last shard by repeating samples: keep each index exactly once.
     _, first = np.unique(local["index"], return_index=True)
     order = first[np.argsort(local["index"][first])]
-    preds = Predictions(local["index"][order], local["logits"][order], local["valence"][order],
+    preds = Predictions(local["index"][order], local["probabilities"][order], local["valence"][order],
                         local["arousal"][order])
     return preds, len(preds.index) / max(elapsed, 1e-9)
 
@@ -114,7 +121,7 @@ def score(dataset: FaceDataset, preds: Predictions) -> dict:
     samples = [dataset.samples[i] for i in preds.index]
     return evaluate_predictions(
         dataset.class_names,
-        labels=[s.label if s.label >= 0 else np.nan for s in samples], predictions=preds.logits.argmax(1),
+        labels=[s.label if s.label >= 0 else np.nan for s in samples], predictions=preds.probabilities.argmax(1),
         valence=[s.valence for s in samples], valence_pred=preds.valence,
         arousal=[s.arousal for s in samples], arousal_pred=preds.arousal)
 
@@ -140,7 +147,7 @@ def published_table(metrics: dict, n_classes: Optional[int]) -> str:
 def predictions_csv(dataset: FaceDataset, preds: Predictions) -> str:
     """One row per sample: path, label, prediction, probabilities by class, valence, arousal."""
     names = dataset.class_names
-    probs = torch.softmax(torch.from_numpy(preds.logits).float(), dim=1).numpy()
+    probs = preds.probabilities
     buf = io.StringIO()
     writer = csv.writer(buf)
     # Which face was evaluated where the detector placed the crop: its box, and how many it found
@@ -151,13 +158,13 @@ def predictions_csv(dataset: FaceDataset, preds: Predictions) -> str:
         s = dataset.samples[i]
         found = [s.faces_found, *np.round(s.box, 2).tolist()] if s.faces_found is not None else [""] * 5
         writer.writerow([str(s.path), names[s.label] if s.label >= 0 else "", names[int(probs[k].argmax())],
-                         *[f"{p:.6f}" for p in probs[k]], f"{np.clip(preds.valence[k], -1, 1):.6f}",
-                         f"{np.clip(preds.arousal[k], -1, 1):.6f}", *found])
+                         *[f"{p:.6f}" for p in probs[k]], f"{preds.valence[k]:.6f}",
+                         f"{preds.arousal[k]:.6f}", *found])
     return buf.getvalue()
 
 
-def locate_faces(dataset: FaceDataset, detector, progress: bool = True) -> tuple[list, list]:
-    """Give rows without a box or landmarks a crop from the detector's best face.
+def locate_faces(dataset: FaceDataset, pipeline: Pipeline, progress: bool = True) -> tuple[list, list]:
+    """Give rows without a box or landmarks a crop from the pipeline's detector: its best face.
 
     Returns the images with no face found, and those that could not be read at all.
     """
@@ -169,11 +176,11 @@ def locate_faces(dataset: FaceDataset, detector, progress: bool = True) -> tuple
         except InputError:
             unreadable.append(s.path)
             continue
-        faces = detector.detect([image])[0]
-        s.faces_found = len(faces)
-        if len(faces):
-            s.box = faces[0][:4]
-            s.matrix = detector.crop_matrix(faces[0][:4], image.shape)
+        detections = pipeline.detector.detect([image])[0]
+        planned = pipeline.plan([image], [detections[:1]])
+        s.faces_found = len(detections)
+        if planned:
+            s.box, s.matrix = planned[0].box, planned[0].matrix
         else:
             no_face.append(s.path)
     return no_face, unreadable
@@ -217,8 +224,10 @@ def run(args: argparse.Namespace) -> int:
             dataset.drop(missing)
         counts["missing"] = len(missing)
 
+        pipeline = Pipeline(engine)
         if any(s.matrix is None for s in dataset.samples):
-            no_face, unreadable = locate_faces(dataset, build_detector(args, engine), progress=not quiet)
+            pipeline = Pipeline(engine, build_detector(args, engine))
+            no_face, unreadable = locate_faces(dataset, pipeline, progress=not quiet)
             if unreadable and not args.skip_missing:
                 raise DatasetError(f"{len(unreadable)} images could not be read (corrupt or not an image: "
                                    f"{unreadable[0]}, ...); fix them or pass --skip-missing")
@@ -230,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
         if not len(dataset):
             raise DatasetError("no samples left to evaluate")
 
-        preds, rate = predict(engine, dataset, flip=not args.no_flip, batch_size=args.batch_size,
+        preds, rate = predict(pipeline, dataset, flip=not args.no_flip, batch_size=args.batch_size,
                               workers=args.workers, ddp=ddp, progress=not quiet)
         if not ddp.main:
             return 0

@@ -93,7 +93,9 @@ def configure(config: RuntimeConfig) -> torch.device:
     else:
         torch.backends.cudnn.benchmark = config.cudnn_benchmark
         torch.backends.cudnn.deterministic = False
-        torch.use_deterministic_algorithms(False)
+        if torch.are_deterministic_algorithms_enabled():
+            # Only when set: the call imports Inductor's configuration (1.6 s on 2 cores) even to say no.
+            torch.use_deterministic_algorithms(False)
     tf32 = config.precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32

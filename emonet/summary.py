@@ -15,6 +15,9 @@ from .io.atomic import write_bytes, write_text
 from .results import FaceResult
 
 
+PLOT_FACES = 4  # faces drawn in a video's plot: those seen longest
+
+
 @dataclass
 class _Track:
     seconds: list = field(default_factory=list)
@@ -71,7 +74,8 @@ class VideoSummary:
 
     def plot(self, path: Union[str, Path], title: Optional[str] = None) -> None:
         """PNG: valence and arousal over time per face (per frame, and a 1-s moving average), with the
-        expression over time as a coloured band beneath each face's curves."""
+        expression over time as a coloured band beneath each face's curves; the faces seen longest, at
+        most :data:`PLOT_FACES` of them (every face is in the summary's figures)."""
         import matplotlib
         matplotlib.use("Agg", force=False)
         from matplotlib.figure import Figure
@@ -79,45 +83,56 @@ class VideoSummary:
 
         from .drawing import PALETTE
 
-        ids = sorted(self.tracks) or [None]
-        fig = Figure(figsize=(11, 1.2 + 2.6 * len(ids)), layout="constrained")
-        grid = fig.add_gridspec(2 * len(ids), 1, height_ratios=[4, 0.6] * len(ids))
+        longest = sorted(self.tracks, key=lambda i: (-len(self.tracks[i].seconds), i))[:PLOT_FACES]
+        ids = sorted(longest) or [None]
+        # A fixed layout: matplotlib's constrained layout costs more than the drawing itself.
+        fig = Figure(figsize=(11, 1.2 + 2.6 * len(ids)))
+        height = fig.get_figheight()
+        outer = fig.add_gridspec(len(ids), 1, left=0.07, right=0.8, top=1 - 0.75 / height, bottom=0.5 / height,
+                                 hspace=0.6 / ((height - 1.25) / len(ids)))  # about 0.6 inch between faces
         colors = np.array(PALETTE, np.float64) / 255
-        duration = self.frames / self.fps if self.fps else 1.0
+        fps = self.fps or 1.0
+        duration = self.frames / fps
         for k, face_id in enumerate(ids):
-            ax = fig.add_subplot(grid[2 * k])
-            band = fig.add_subplot(grid[2 * k + 1], sharex=ax)
+            inner = outer[k].subgridspec(2, 1, height_ratios=[4, 0.6], hspace=0.08)
+            ax = fig.add_subplot(inner[0])
+            band = fig.add_subplot(inner[1], sharex=ax)
             ax.set_ylim(-1.05, 1.05)
             ax.axhline(0, color="0.7", lw=0.8)
             ax.set_ylabel("valence / arousal")
             ax.grid(alpha=0.3)
             ax.tick_params(labelbottom=False)
             band.set_yticks([])
-            band.set_xlabel("time (s)")
+            if k == len(ids) - 1:
+                band.set_xlabel("time (s)")
             if face_id is None:
                 ax.set_title("no face found")
-                ax.set_xlim(0, duration)
+                ax.set_xlim(0, max(duration, 1e-3))
                 continue
             t = self.tracks[face_id]
             s = np.asarray(t.seconds)
-            window = max(1, int(round(self.fps)))
+            window = max(1, int(round(fps)))
             for values, color, name in ((t.valence, "tab:blue", "valence"), (t.arousal, "tab:red", "arousal")):
                 ax.plot(s, values, color=color, lw=0.6, alpha=0.35, label=f"{name} (per frame)")
                 ax.plot(s, _moving_average(np.asarray(values), window), color=color, lw=1.8,
                         label=f"{name} (1-s average)")
             ax.set_title(f"face {face_id}: {len(s)} frames")
-            ax.legend(loc="upper right", fontsize=7, ncol=2)
-            # The band: each frame's expression as a coloured stripe as wide as one frame.
-            step = 1.0 / self.fps if self.fps else 1.0
+            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
+            # The band: one image, a pixel per frame of the video (white where this face is absent), so
+            # its cost does not grow with the number of frames as one bar per frame did.
+            end = max(duration, s[-1] + 1 / fps)
+            strip = np.ones((1, max(1, int(round(end * fps))), 3))
             expr = np.asarray(t.expression)
-            band.bar(s, np.ones_like(s), width=step, align="edge", color=colors[expr % len(colors)], linewidth=0)
-            band.set_ylim(0, 1)
+            strip[0, np.clip(np.round(s * fps).astype(int), 0, strip.shape[1] - 1)] = colors[expr % len(colors)]
+            band.imshow(strip, aspect="auto", extent=(0, end, 0, 1), interpolation="nearest")
             seen = sorted(set(expr.tolist()))
             band.legend(handles=[Patch(color=colors[i % len(colors)], label=self.class_names[i]) for i in seen],
-                        loc="center left", bbox_to_anchor=(1.0, 0.5), ncol=min(4, len(seen)), fontsize=7,
-                        frameon=False)
-            ax.set_xlim(0, max(duration, s[-1] + step))
-        fig.suptitle(title or Path(self.video).name + (" (untrained weights: meaningless)" if self.untrained else ""))
+                        loc="center left", bbox_to_anchor=(1.0, 0.5), ncol=2, fontsize=7, frameon=False)
+            ax.set_xlim(0, end)
+        more = len(self.tracks) - len(longest)
+        fig.suptitle((title or Path(self.video).name)
+                     + (f" ({more} more faces seen for less time: see the summary)" if more > 0 else "")
+                     + (" (untrained weights: meaningless)" if self.untrained else ""))
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=100)
         write_bytes(path, buffer.getvalue())

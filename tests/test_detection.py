@@ -140,6 +140,8 @@ def _sample(name: str) -> np.ndarray:
     """One of scikit-image's sample photos as RGB uint8 (real photos nobody drew for these tests)."""
     data = pytest.importorskip("skimage.data", reason="scikit-image holds the sample photos")
     image = getattr(data, name)()
+    if image.dtype == bool:  # the horse is a silhouette
+        image = image.astype(np.uint8) * 255
     if image.ndim == 2:
         image = np.stack([image] * 3, axis=-1)
     return np.ascontiguousarray(image[..., :3])
@@ -167,3 +169,35 @@ def test_min_score_is_every_tools_option(tmp_path):
     out = subprocess.run([sys.executable, "-m", "emonet.apps.photo", "--image", "x.jpg", "--min-score", "2"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "between 0 and 1" in out.stderr
+
+
+def _mosaic(names: list[list[str]], cell: int) -> np.ndarray:
+    """Real photos side by side; a name may itself be a (smaller) mosaic."""
+    import cv2
+
+    def photo(n):
+        return n if isinstance(n, np.ndarray) else _sample(n)
+    return np.vstack([np.hstack([cv2.resize(photo(n), (cell, cell)) for n in row]) for row in names])
+
+
+def test_a_small_face_in_a_large_photo_is_found_in_tiles():
+    # A 3072x2048 mosaic of real photos: the astronaut's face is about 100 px wide, 9 px once the whole
+    # image is shrunk to the network's 256 px; the tiles see it at a quarter of its size.
+    corner = _mosaic([["astronaut", "coffee"], ["rocket", "coins"]], 512)
+    mosaic = _mosaic([["coffee", "rocket", "logo"], ["coins", "clock", corner]], 1024)
+    whole = BlazeFaceDetector("cpu", tiles=False).detect([mosaic])[0]
+    tiled = BlazeFaceDetector("cpu").detect([mosaic])[0]
+    astronaut = FACE + [2048, 1024, 2048, 1024]  # the photo's face, in the mosaic
+    assert not any(iou(f, astronaut) > 0.5 for f in whole)
+    assert len(tiled) == 1 and iou(tiled[0], astronaut) > 0.5  # found once, though several tiles hold it
+    assert tiled[0][4] >= 0.7  # and nothing else: no cup, rocket, logo, coins or clock
+
+
+def test_tiles_cover_a_large_image_with_half_overlaps():
+    from emonet.detection.blazeface import tile_grid
+    assert tile_grid(512, 512, 512) == []  # not larger than twice the input: the whole image suffices
+    tiles = tile_grid(2048, 3072, 512)
+    assert {side for _, _, side in tiles} == {1024}
+    xs, ys = sorted({x for x, _, _ in tiles}), sorted({y for _, y, _ in tiles})
+    assert xs[0] == ys[0] == 0 and xs[-1] == 3072 - 1024 and ys[-1] == 2048 - 1024
+    assert max(np.diff(xs)) <= 512 and max(np.diff(ys)) <= 512

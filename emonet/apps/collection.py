@@ -19,7 +19,7 @@ from typing import Optional
 from ..io.images import InputError, check_writable_dir
 from ..summary import VideoSummary, write_summary_csv
 from ..timing import StartupClock
-from .video import LazyPipeline, Outputs, analyse
+from .video import LazyPipeline, Outputs, analyse, open_reader
 
 VIDEO_EXTENSIONS = {".mp4", ".mov", ".avi", ".mkv", ".m4v", ".webm", ".mpg", ".mpeg", ".wmv", ".flv", ".3gp",
                     ".ts", ".mts"}
@@ -162,20 +162,33 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     frames = 0
     wall0 = time.perf_counter()
     analysis_seconds = 0.0
+    # The next video's reader opens (and starts decoding) while this one is analysed: opening one starts
+    # a process, which would otherwise cost each video a fraction of a second.
+    ahead = _Ahead(args) if mine else None
+    if ahead is not None:
+        ahead.open(mine[0])
     for n, video in enumerate(mine, 1):
         paths = output_paths(out_dir, video, args.output_videos)
         try:
+            reader = ahead.take()
+            if n < len(mine):
+                ahead.open(mine[n])
             run = _one(args, video, paths, get_pipeline, f"[{n}/{len(mine)}] {video.name}",
-                       startup if get_pipeline.pipeline is None else None)
+                       startup if get_pipeline.pipeline is None else None, reader)
         except InputError as exc:  # one line; the others go on
             errors[str(video)] = str(exc)
             print(f"error: {exc}", file=err)
             continue
+        except KeyboardInterrupt:
+            ahead.close()
+            raise
         if run.interrupted:
             print("interrupted: the video being processed is left incomplete (a rerun redoes it)", file=err)
             break
         frames += run.job.frames
         analysis_seconds += run.wall
+    if ahead is not None:
+        ahead.close()
     wall = time.perf_counter() - wall0
     if mine and get_pipeline.pipeline is not None:
         print(f"rank {dist.rank}: " if dist.world > 1 else "", end="", file=err)
@@ -207,13 +220,44 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     return 1 if all_errors else 0
 
 
+class _Ahead:
+    """One video's reader opened ahead of its turn; an error opening it is raised at its turn."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.reader = None
+        self.error: Optional[InputError] = None
+
+    def open(self, video: Path) -> None:
+        """Start opening ``video``'s reader."""
+        self.reader, self.error = None, None
+        try:
+            self.reader = open_reader(self.args, str(video), self.args.output_videos)
+        except InputError as exc:
+            self.error = exc
+
+    def take(self):
+        """The reader opened last (the caller owns it now), or its error."""
+        reader, error = self.reader, self.error
+        self.reader, self.error = None, None
+        if error is not None:
+            raise error
+        return reader
+
+    def close(self) -> None:
+        """Close a reader nobody took (an interrupted run)."""
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+
+
 def _complete(paths: dict[str, Path]) -> bool:
     """Every output of the video is there (they are renamed into place whole, so there means complete)."""
     return all(p.is_file() for p in paths.values())
 
 
 def _one(args: argparse.Namespace, video: Path, paths: dict[str, Path], get_pipeline, desc: str,
-         startup: Optional[StartupClock] = None):
+         startup: Optional[StartupClock] = None, reader=None):
     """One video into its outputs; the summary and plot are written only after the rows are complete."""
     summary = VideoSummary(str(video), [], 0.0)
 
@@ -224,7 +268,7 @@ def _one(args: argparse.Namespace, video: Path, paths: dict[str, Path], get_pipe
 
     outputs = Outputs(csv=str(paths["csv"]), video=str(paths["video"]) if "video" in paths else None,
                       summary=summary)
-    run = analyse(args, str(video), outputs, pipeline_for, desc=desc, startup=startup)
+    run = analyse(args, str(video), outputs, pipeline_for, desc=desc, startup=startup, reader=reader)
     if run.interrupted:
         return run
     if run.job is None or run.job.frames == 0:

@@ -48,7 +48,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
                    help="bit-reproducible results: deterministic algorithms, fp32, seeded")
     if detector:
         g.add_argument("--detector", default="blazeface", choices=DETECTORS,
-                       help="blazeface (default; ships with the package, works offline), sfd (S3FD, the "
+                       help="blazeface (default; ships with the package, works offline; in photos larger than "
+                            "512 px it also searches overlapping tiles for small faces), sfd (S3FD, the "
                             "released demo's; downloads its weights on first use) or none (each image is "
                             "already a tight face crop)")
         g.add_argument("--min-score", type=_score, default=None, metavar="S",
@@ -108,12 +109,14 @@ def _cpu_bf16_if_it_agrees(model, batch_sizes: Sequence[int]) -> tuple[Optional[
     return None, f" (fp32: bf16 disagreed with it on real faces: {agreement.format()})"
 
 
-def build_detector(args: argparse.Namespace, engine: Engine):
-    """The detector the arguments ask for, on the engine's device."""
+def build_detector(args: argparse.Namespace, engine: Engine, tiles: bool = True):
+    """The detector the arguments ask for, on the engine's device; ``tiles``: BlazeFace also searches
+    overlapping tiles of a large image for small faces (photos; the video tool leaves it off for speed)."""
     min_score = getattr(args, "min_score", None)
     kwargs = {"min_score": min_score} if min_score is not None and args.detector != "none" else {}
     if args.detector == "blazeface":
         kwargs["cuda_graphs"] = engine.config.cuda_graphs  # a small job runs both networks eagerly
+        kwargs["tiles"] = tiles
     return create_detector(args.detector, engine.device, **kwargs)
 
 

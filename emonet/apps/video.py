@@ -126,7 +126,7 @@ class LazyPipeline:
             buckets = sorted({1, 4, 16, 64, args.batch_size, 4 * args.batch_size})
             engine = build_engine(args, batch_sizes=tuple(b for b in buckets if b <= 4 * args.batch_size),
                                   job=self.job if self.job is not None else frames)
-            self.pipeline = Pipeline(engine, build_detector(args, engine), max_faces=args.max_faces)
+            self.pipeline = Pipeline(engine, build_detector(args, engine, tiles=False), max_faces=args.max_faces)
             if engine.config.warmup:
                 self.pipeline.warmup(shape)
         return self.pipeline
@@ -224,16 +224,23 @@ class VideoRun:
     interrupted: bool
 
 
+def open_reader(args: argparse.Namespace, source: str, annotated: bool) -> VideoReader:
+    """The video's reader as the arguments ask (decoding starts at once, in a process of its own)."""
+    return VideoReader(source, start=args.start, end=args.end, max_frames=args.max_frames,
+                       device=select_device(args.device, quiet=True), keep_host=annotated)  # only drawing needs it
+
+
 def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipeline,
-            desc: Optional[str] = None, startup: Optional[StartupClock] = None) -> VideoRun:
+            desc: Optional[str] = None, startup: Optional[StartupClock] = None,
+            reader: Optional[VideoReader] = None) -> VideoRun:
     """Run one video through the pipeline (``get_pipeline(shape, frames)`` loads it on first use) into
-    ``outputs``; ``startup``, if given, is marked as the model loads and the first results come.
+    ``outputs``; ``startup``, if given, is marked as the model loads and the first results come; ``reader``
+    is the video's reader if it was opened ahead (see :func:`open_reader`).
 
     Ctrl-C and SIGTERM end the run cleanly: every finished frame is kept in every output.
     """
-    reader = VideoReader(source, start=args.start, end=args.end, max_frames=args.max_frames,
-                         device=select_device(args.device, quiet=True),
-                         keep_host=bool(outputs.video))  # only drawing needs it
+    if reader is None:
+        reader = open_reader(args, source, bool(outputs.video))
     job = None
     interrupted = False
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -261,14 +268,14 @@ def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipelin
             if pending is not None:
                 job.finish(pending)
                 if startup is not None:
-                    startup.mark(f"first {len(pending.frames)} frames")
+                    startup.mark("first frames")
                 bar.update(len(pending.frames))
                 bar.set_postfix(faces=job.faces, refresh=False)
             pending = job.launch(chunk, flags, boxes)
         if pending is not None:
             job.finish(pending)
             if startup is not None:
-                startup.mark(f"first {len(pending.frames)} frames")
+                startup.mark("first frames")
             bar.update(len(pending.frames))
         bar.close()
     except KeyboardInterrupt:

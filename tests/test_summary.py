@@ -1,0 +1,39 @@
+"""Per-video summaries: the figures per face and the plot."""
+from __future__ import annotations
+
+import numpy as np
+
+from emonet.classes import class_names
+from emonet.io.images import read_image
+from emonet.results import FaceResult
+from emonet.summary import PLOT_FACES, VideoSummary
+
+
+def _face(face_id: int, k: int) -> FaceResult:
+    probs = np.full(8, 0.05)
+    probs[k % 8] = 0.65
+    return FaceResult(frame=k, face_id=face_id, box=np.array([0.0, 0.0, 10.0, 10.0]), score=0.9, detected=True,
+                      expression=k % 8, probabilities=probs, valence=np.sin(k / 10), arousal=np.cos(k / 10),
+                      landmarks=np.zeros((68, 2)), matrix=np.eye(2, 3))
+
+
+def test_the_plot_draws_the_faces_seen_longest_and_the_figures_cover_every_face(tmp_path):
+    summary = VideoSummary("clip.mp4", class_names(8), fps=25.0)
+    for k in range(300):  # face 0 throughout; faces 1..6 for ever shorter spells
+        summary.add(k / 25.0, [_face(0, k)] + [_face(i, k) for i in range(1, 7) if k < 300 // (i + 1)])
+    faces = summary.faces()
+    assert [f["face_id"] for f in faces] == list(range(7)) and faces[0]["frames"] == 300
+    assert faces[0]["share_Neutral"] == round(38 / 300, 5)  # frames 0, 8, ..., 296
+    summary.plot(tmp_path / "clip.png")
+    image = read_image(tmp_path / "clip.png")
+    assert image.shape[0] == round(100 * (1.2 + 2.6 * PLOT_FACES))  # PLOT_FACES panels at 100 dpi
+    assert (image < 250).mean() > 0.05  # drawn, not blank
+
+
+def test_a_video_without_faces_still_has_a_plot(tmp_path):
+    summary = VideoSummary("empty.mp4", class_names(5), fps=30.0)
+    for k in range(10):
+        summary.add(k / 30.0, [])
+    assert summary.faces() == [] and summary.to_dict()["frames"] == 10
+    summary.plot(tmp_path / "empty.png")
+    assert read_image(tmp_path / "empty.png").shape[0] == round(100 * (1.2 + 2.6))

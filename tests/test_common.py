@@ -51,4 +51,5 @@ def test_deterministic_keeps_fp32_whatever_the_cpu(monkeypatch):
 def test_on_a_gpu_a_small_job_gets_no_graphs_and_no_warm_up(job, graphs, capsys):
     engine = build_engine(_args("--device", "cuda:0"), job=job)
     assert engine.config.cuda_graphs is graphs and engine.config.warmup is graphs
-    assert ("no CUDA graphs or warm-up" in capsys.readouterr().err) is not graphs
+    assert torch.backends.cudnn.benchmark is graphs
+    assert ("no CUDA graphs, warm-up or cuDNN autotuning" in capsys.readouterr().err) is not graphs

@@ -68,7 +68,10 @@ def build_engine(args: argparse.Namespace, batch_sizes: Sequence[int] = (1, 4, 1
                  job: Optional[int] = None) -> Engine:
     """Configure the runtime, load the weights and build the engine the arguments ask for; ``job``, where
     known, is how many images or frames the run will read, so that ``auto`` prepares only what pays."""
-    runtime = RuntimeConfig(device=args.device, cudnn_benchmark=not args.no_cudnn_benchmark,
+    # A small job under auto: cuDNN's autotuning (seconds for the first image's ~40 convolution shapes)
+    # would not repay itself either; its heuristics pick the kernels.
+    small = args.engine == "auto" and job is not None and job < GRAPHS_PAY_FROM
+    runtime = RuntimeConfig(device=args.device, cudnn_benchmark=not args.no_cudnn_benchmark and not small,
                             deterministic=args.deterministic)
     device = configure(runtime)
     model = load_model(args.weights, n_expression=args.nclasses, device="cpu")
@@ -79,9 +82,10 @@ def build_engine(args: argparse.Namespace, batch_sizes: Sequence[int] = (1, 4, 1
         if device.type == "cpu" and not args.deterministic and native_bf16():
             engine, note = _cpu_bf16_if_it_agrees(model, batch_sizes)
     config = PRESETS[preset]
-    if args.engine == "auto" and preset == "fast" and job is not None and job < GRAPHS_PAY_FROM:
+    if small and preset == "fast":
         config = replace(config, cuda_graphs=False, warmup=False)
-        note = f" (no CUDA graphs or warm-up for a job of {job}: they would cost more than they save)"
+        note = (f" (no CUDA graphs, warm-up or cuDNN autotuning for a job of {job}: they would cost more than "
+                f"they save)")
     if device.type == "cpu" and preset in ("eager", "fast"):
         # eager: exact, and 1.3x faster on the CPU. No warm-up: the CPU has nothing to autotune, and a
         # batch-16 warm-up would cost seconds.

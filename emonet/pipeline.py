@@ -170,9 +170,10 @@ class Pipeline:
 
         The engine warms itself at load; this pays the rest of the first image's one-off costs (the
         detector's autotuning, lazy loading of the decoding kernels) and reports them on one line.
-        The CPU has nothing of the kind to pay ahead. Returns the seconds spent.
+        The CPU has nothing of the kind to pay ahead, nor has an engine built without warm-up (a small
+        job). Returns the seconds spent.
         """
-        if self.engine.device.type != "cuda":
+        if self.engine.device.type != "cuda" or not self.engine.config.warmup:
             return 0.0
         t0 = time.perf_counter()
         self.detector.warmup(shape)

@@ -66,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
     startup.mark("model and engine")
     detector = build_detector(args, engine)
     pipeline = Pipeline(engine, detector, refine=args.refine)
-    if engine.config.warmup:
-        pipeline.warmup()
+    pipeline.warmup()
     startup.mark("detector" + (" and warm-up" if engine.config.warmup else ""))
     names = engine.class_names
     banner = f"EmoNet: {UNTRAINED_LABEL}" if engine.untrained else None

@@ -127,8 +127,7 @@ class LazyPipeline:
             engine = build_engine(args, batch_sizes=tuple(b for b in buckets if b <= 4 * args.batch_size),
                                   job=self.job if self.job is not None else frames)
             self.pipeline = Pipeline(engine, build_detector(args, engine, tiles=False), max_faces=args.max_faces)
-            if engine.config.warmup:
-                self.pipeline.warmup(shape)
+            self.pipeline.warmup(shape)
         return self.pipeline
 
 

@@ -639,9 +639,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         _report(warp_benchmark(args.device), args.markdown)
         return 0
     if args.photo is not None:
-        if args.photo and not Path(args.photo).is_file():
-            print(f"error: {args.photo}: no such photo", file=sys.stderr)
-            return 2
+        if args.photo:
+            from ..io.images import InputError, read_image
+            try:  # here, so a bad photo is one line, not a table of failed processes
+                read_image(args.photo)
+            except InputError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
         _report(photo_benchmark(args.photo or None, args.device, max(1, args.photo_repeat)), args.markdown)
         return 0
     if args.video is not None:

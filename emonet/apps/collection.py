@@ -233,7 +233,7 @@ class _Ahead:
 
     def open(self, video: Path) -> None:
         """Start opening ``video``'s reader."""
-        self.future = self.pool.submit(open_reader, self.args, str(video), self.args.output_videos)
+        self.future = self.pool.submit(open_reader, self.args, str(video))
 
     def take(self):
         """The opening started last: its ``result()`` is the reader (the caller's then), or raises its InputError."""

@@ -4,7 +4,8 @@
 Frames come from a decoding process in chunks of ``--batch-size``. The loop is software-pipelined on a
 GPU: a chunk's detection (on a stream of its own) runs while the previous chunk's EmoNet results, which
 come back in one asynchronous copy, are read and written; only then is the chunk tracked and cropped, so
-the result is the same as one chunk after the other. Drawing and encoding run in processes of their own
+the result is the same as one chunk after the other. An annotated video's frames are drawn where they
+are, on the GPU (:class:`emonet.drawing.VideoCanvas`), and encoded by processes of their own
 (:class:`emonet.io.annotated.AnnotatedVideoWriter`).
 """
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from ..drawing import PALETTE
+from ..drawing import PALETTE, VideoCanvas
+from ..drawing.canvas import TRAIL
 from ..io.atomic import AtomicFile
 from ..io.images import InputError, check_writable_dir
 from ..io.video import Frame, VideoReader
@@ -143,11 +145,12 @@ class VideoJob:
         self.names = self.engine.class_names
         self.rows = RowWriter(outputs.csv, outputs.jsonl, self.names, args.landmarks, self.engine.untrained)
         self.trails: dict[int, deque] = {}  # face id -> its last (valence, arousal), for the drawn panel
-        # Drawing and encoding run in processes of their own, beside this one's detection and EmoNet.
-        self.annotated = None
+        # Frames are drawn on the engine's device; encoding runs in processes of their own.
+        self.annotated = self.canvas = None
         if outputs.video:
             banner = f"EmoNet: {UNTRAINED_LABEL}" if self.engine.untrained else None
-            self.annotated = AnnotatedVideoWriter(outputs.video, reader.fps, self.names, banner, codec=args.codec,
+            self.canvas = VideoCanvas(self.names, banner, self.engine.device)
+            self.annotated = AnnotatedVideoWriter(outputs.video, reader.fps, codec=args.codec,
                                                   workers=args.video_workers)
         self.seconds = dict.fromkeys(STAGES, 0.0)
         self.timer = LatencyTimer(self.engine.device)
@@ -173,7 +176,7 @@ class VideoJob:
         return pending
 
     def finish(self, pending: PendingChunk) -> None:
-        """Wait for a chunk's results; write and draw every frame of it."""
+        """Wait for a chunk's results; write every frame's rows, and draw the chunk."""
         t0 = time.perf_counter()
         per_frame = self.video.finish(pending)
         t1 = time.perf_counter()
@@ -184,28 +187,36 @@ class VideoJob:
                 self.outputs.summary.add(frame.timestamp, faces)
             self.faces += len(faces)
             self.frames += 1
-            frame.pixels = frame.ready = None  # drawing needs only the host copy: free the GPU one now
-            self._draw_and_encode(frame, faces)
         self.rows.flush()
-        self.seconds["results"] += time.perf_counter() - t1
+        t2 = time.perf_counter()
+        self.seconds["results"] += t2 - t1
+        if self.annotated is not None:
+            self._draw(pending.frames, per_frame)
+            self.seconds["draw"] += time.perf_counter() - t2
+        for frame in pending.frames:
+            frame.pixels = frame.ready = None  # drawn: free the GPU copy now
 
-    def _draw_and_encode(self, frame: Frame, faces) -> None:
-        if self.annotated is None:
-            return
-        snapshot = []
-        for face in faces:  # the trails move on; this frame's drawing must not
-            trail = self.trails.setdefault(face.face_id, deque(maxlen=30))
-            trail.append((face.valence, face.arousal))
-            snapshot.append((face, list(trail)))
-        self.annotated.put(frame.index, frame.image, snapshot, [_color(f.face_id) for f in faces])
+    def _draw(self, frames: list[Frame], per_frame: list[list[FaceResult]]) -> None:
+        """Draw a chunk on the engine's device and hand it to the encoders."""
+        faces = []
+        for results in per_frame:
+            snapshot = []
+            for face in results:  # the trails move on; this frame's drawing must not
+                trail = self.trails.setdefault(face.face_id, deque(maxlen=TRAIL))
+                trail.append((face.valence, face.arousal))
+                snapshot.append((face, list(trail)))
+            faces.append(snapshot)
+        images = [frame.on_device(self.engine.device) for frame in frames]
+        drawn = self.canvas.draw(images, faces, [[_color(f.face_id) for f in r] for r in per_frame])
+        self.annotated.put([frame.index for frame in frames], drawn, self.canvas.size)
 
     def close(self) -> Optional[Path]:
         """Finish every output; returns the video's path if one was written. No frame: nothing is kept."""
         self.rows.close(keep=self.frames > 0)
         if self.annotated is None:
             return None
-        video = self.annotated.close()  # every frame handed over is drawn, encoded and kept
-        self.seconds["draw"], self.seconds["encode"] = self.annotated.seconds["draw"], self.annotated.seconds["encode"]
+        video = self.annotated.close()  # every frame handed over is encoded and kept
+        self.seconds["encode"] = self.annotated.encode_seconds
         return video
 
 
@@ -223,10 +234,13 @@ class VideoRun:
     interrupted: bool
 
 
-def open_reader(args: argparse.Namespace, source: str, annotated: bool) -> VideoReader:
-    """The video's reader as the arguments ask (decoding starts at once, in a process of its own)."""
+def open_reader(args: argparse.Namespace, source: str) -> VideoReader:
+    """The video's reader as the arguments ask (decoding starts at once, in a process of its own).
+
+    With a GPU the frames are kept there only: detection, crops and drawing all read them there.
+    """
     return VideoReader(source, start=args.start, end=args.end, max_frames=args.max_frames,
-                       device=select_device(args.device, quiet=True), keep_host=annotated)  # only drawing needs it
+                       device=select_device(args.device, quiet=True), keep_host=False)
 
 
 def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipeline,
@@ -239,7 +253,7 @@ def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipelin
     Ctrl-C and SIGTERM end the run cleanly: every finished frame is kept in every output.
     """
     if reader is None:
-        reader = open_reader(args, source, bool(outputs.video))
+        reader = open_reader(args, source)
     job = None
     interrupted = False
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -319,15 +333,15 @@ def _summary(job: VideoJob, reader: VideoReader, wall: float, video: Optional[Pa
     print(f"\n{'interrupted: ' if interrupted else ''}{job.frames} frames, {job.faces} faces, "
           f"{job.frames / max(wall, 1e-9):.1f} frames/s end to end ({wall:.2f} s)", file=err)
     per = ", ".join(f"{k} {1e3 * v / max(job.frames, 1):.2f}" for k, v in job.seconds.items())
-    drawing = (f", draw and encode in {job.annotated.workers} processes of their own (their time adds up)"
-               if job.annotated is not None else "")
-    print(f"time per frame by stage (ms; decode runs in a process of its own{drawing}, beside detect, EmoNet "
-          f"(tracking and crops included) and results): {per}", file=err)
+    encoding = (f", encode in {job.annotated.workers} of their own (their time adds up)"
+                if job.annotated is not None else "")
+    print(f"time per frame by stage (ms; decode runs in a process of its own{encoding}, beside detect, EmoNet "
+          f"(tracking and crops included), results and draw): {per}", file=err)
     if job.annotated is not None:
         cpu = job.annotated.cpu_seconds
-        print(f"drawing and encoding: {cpu['user'] + cpu['system']:.1f} CPU-seconds in {job.annotated.workers} "
+        print(f"encoding: {cpu['user'] + cpu['system']:.1f} CPU-seconds in {job.annotated.workers} "
               f"processes (user {cpu['user']:.1f}, system {cpu['system']:.1f})", file=err)
-    if job.annotated is not None and job.annotated.resized:
+    if job.canvas is not None and job.canvas.resized:
         print("note: the video changed frame size; frames were resized to the first frame's size", file=err)
     for path, what in ((video, "annotated video"), (job.outputs.csv, "CSV"), (job.outputs.jsonl, "JSONL")):
         if path:
@@ -364,8 +378,8 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                      help="h264 (default: yuv420p, index at the front, plays in browsers and players; needs "
                           "PyAV) or mp4v (MPEG-4 Part 2 through OpenCV, for setups without PyAV)")
     out.add_argument("--video-workers", type=int, default=None, metavar="N",
-                     help="processes that draw and encode the annotated video, each a segment at a time "
-                          "(default: a quarter of the cores, up to 4; mp4v: 1)")
+                     help="processes that encode the annotated video, each a segment at a time (default: 2 "
+                          "from 12 cores on, else 1; mp4v: 1)")
     out.add_argument("--csv", metavar="FILE", help="one row per face per frame (a frame with no face: one row "
                                                    "with empty values)")
     out.add_argument("--jsonl", metavar="FILE", help="the same rows as JSON lines")

@@ -1,12 +1,13 @@
-"""The annotated video: frames drawn and encoded by worker processes, in segments, side by side.
+"""The annotated video's encoding: I420 frames handed to encoder processes, in segments side by side.
 
-Drawing a frame and encoding it cost more than reading its faces: in threads of the analysing process
-they fought its Python work for the GIL. Here each frame's pixels go into a slot of a shared-memory
-file and its results down a pipe to a worker process (:mod:`.draw_worker`), which draws the frame and
-encodes it. With several workers, the video is cut into segments of a few dozen frames, handed out in
-turn, each encoded on its own (starting with a key frame); on close the segments are joined, packets
-copied in order with their timestamps, into one file whose index is at the front. One worker writes
-the output file directly.
+The frames come drawn and converted (:class:`emonet.drawing.VideoCanvas`, on the GPU where there is one).
+Each is copied into a slot of a shared-memory file, straight from the GPU where there is one (the file
+is page-locked, so the copy runs while the next chunk is analysed), and a message naming the slot goes
+to an encoder process (:mod:`.encode_worker`), which wraps it for libx264 and hands it over; x264's own
+threads encode. With one encoder the output file is written directly; with several, the video is cut
+into segments, handed out in turn, each encoded on its own (starting with a key frame), and on close the
+segments are joined, packets copied in order with their timestamps, into one file whose index is at the
+front.
 """
 from __future__ import annotations
 
@@ -23,96 +24,104 @@ import threading
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-import cv2
 import numpy as np
+import torch
 
 from .images import InputError
 from .writer import check_video_name, join_segments
 
-SLOT_BUDGET = 512 << 20   # bytes of frames waiting for the workers, at most
-# A frame's buffers (several MB each) would otherwise be mapped and unmapped by glibc at every frame, the
-# kernel zeroing fresh pages each time: kept on the heap, they are reused.
-WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+SLOT_BUDGET = 512 << 20   # bytes of frames waiting for the encoders, at most
 
 
 def default_workers(codec: str) -> int:
-    """Drawing and encoding processes for this machine: a quarter of the cores, up to 4 (mp4v: one)."""
+    """Encoder processes for this machine: one, two from 12 cores on (mp4v: one)."""
     if codec != "h264":
         return 1  # OpenCV's mp4v writer cannot have its segments joined without PyAV
-    return max(1, min(4, (os.cpu_count() or 1) // 4))
+    return 2 if (os.cpu_count() or 1) >= 12 else 1
+
+
+def default_threads(workers: int) -> int:
+    """x264 frame threads per encoder: half the cores shared out (the rest decode and analyse), up to 8.
+
+    Beyond about 8, x264's frame threads add little and compete with the decoding process.
+    """
+    return max(1, min(8, (os.cpu_count() or 1) // (2 * workers)))
 
 
 class AnnotatedVideoWriter:
-    """``put(index, image, faces, colors)`` frame after frame; ``close()`` finishes the video.
+    """``put(indices, frames, size)`` chunk after chunk; ``close()`` finishes the video.
 
-    ``faces``: the frame's ``(FaceResult, trail)`` pairs, drawn by :class:`emonet.drawing.FramePainter`.
+    ``frames``: ``(n, width * height * 3 // 2)`` uint8 I420 frames on any device, the source's frame
+    ``indices`` placing them in time.
     """
 
-    def __init__(self, path: Union[str, Path], fps: float, class_names: Sequence[str], banner: Optional[str],
-                 codec: str = "h264", workers: Optional[int] = None, segment_frames: Optional[int] = None,
-                 encoder_threads: Optional[int] = None) -> None:
+    def __init__(self, path: Union[str, Path], fps: float, codec: str = "h264", workers: Optional[int] = None,
+                 segment_frames: Optional[int] = None, encoder_threads: Optional[int] = None) -> None:
         check_video_name(path, codec)
         self.path = Path(path)
         self.fps = fps
         self.codec = codec
-        self.workers = workers or default_workers(codec)
-        if codec != "h264":
-            self.workers = 1
+        self.workers = 1 if codec != "h264" else (workers or default_workers(codec))
         self.segment_frames = segment_frames
         self.encoder_threads = encoder_threads
-        self.class_names = list(class_names)
-        self.banner = banner
         self.frames = 0
-        self.resized = False
-        self.seconds = {"draw": 0.0, "encode": 0.0}
-        self.cpu_seconds = {"user": 0.0, "system": 0.0}  # the workers', as they report at the end
+        self.encode_seconds = 0.0
+        self.cpu_seconds = {"user": 0.0, "system": 0.0}  # the encoders', as they report at the end
         self._procs: list[subprocess.Popen] = []
         self._readers: list[threading.Thread] = []
         self._free: "queue.Queue[int]" = queue.Queue()
-        self._segments: list[tuple[int, str]] = []   # (frames, path) as the workers finish them
+        self._segments: list[tuple[int, str]] = []   # (frames, path) as the encoders finish them
         self._errors: list[str] = []
         self._lock = threading.Lock()
-        self._shape: Optional[tuple[int, int]] = None
+        self._size: Optional[tuple[int, int]] = None
         self._parts: Optional[Path] = None
         self._slot_file: Optional[Path] = None
+        self._slots: list[torch.Tensor] = []
+        self._registered: Optional[int] = None
+        self._handoff: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._sender: Optional[threading.Thread] = None
 
-    # -- start, on the first frame (its size sizes the slots) --------------------------------------
-    def _start(self, shape: tuple[int, int]) -> None:
-        h, w = shape
-        self._shape = shape
-        slot_bytes = h * w * 3
-        if self.segment_frames is None:
-            # Enough frames per segment to keep every worker busy, within the memory budget.
-            self.segment_frames = int(np.clip(SLOT_BUDGET // (slot_bytes * 2 * self.workers), 8, 60))
-        slots = 2 * self.workers * self.segment_frames if self.workers > 1 else 2 * self.segment_frames
+    # -- start, on the first frames (their size sizes the slots) ------------------------------------
+    def _start(self, size: tuple[int, int], device: torch.device) -> None:
+        self._size = size
+        slot_bytes = size[0] * size[1] * 3 // 2
+        if self.workers == 1:
+            slots = int(np.clip(SLOT_BUDGET // (4 * slot_bytes), 8, 64))
+        else:
+            if self.segment_frames is None:
+                # Long segments (fewer key frames) within the memory budget; every encoder kept busy.
+                self.segment_frames = int(np.clip(SLOT_BUDGET // (slot_bytes * 2 * self.workers), 8, 120))
+            slots = 2 * self.workers * self.segment_frames
         folder = next((d for d in ("/dev/shm", tempfile.gettempdir())
                        if os.path.isdir(d) and shutil.disk_usage(d).free > 2 * slots * slot_bytes),
                       tempfile.gettempdir())
-        fd, name = tempfile.mkstemp(prefix="emonet-draw-", dir=folder)
+        fd, name = tempfile.mkstemp(prefix="emonet-encode-", dir=folder)
         self._slot_file = Path(name)
         os.ftruncate(fd, slots * slot_bytes)
         self._memory = mmap.mmap(fd, 0)
         os.close(fd)
         whole = np.frombuffer(self._memory, np.uint8)
-        self._slots = [whole[i * slot_bytes:(i + 1) * slot_bytes] for i in range(slots)]
+        if device.type == "cuda":
+            # Page-locked, the frames come back from the GPU asynchronously, like torch's pinned memory.
+            if int(torch.cuda.cudart().cudaHostRegister(whole.ctypes.data, len(whole), 0)) == 0:
+                self._registered = whole.ctypes.data
+        self._slots = [torch.from_numpy(whole[i * slot_bytes:(i + 1) * slot_bytes]) for i in range(slots)]
         for i in range(slots):
             self._free.put(i)
         if self.workers > 1:
             self._parts = Path(tempfile.mkdtemp(prefix=f".{self.path.stem}.{os.getpid()}.parts", dir=self.path.parent))
-        threads = self.encoder_threads
-        if threads is None:  # x264's frame threads: the cores shared out, half left for everything else
-            threads = max(1, (os.cpu_count() or 1) // (2 * self.workers)) if self.workers > 1 else 0
-        spec = {"slots_path": name, "slots": slots, "slot_bytes": slot_bytes, "class_names": self.class_names,
-                "banner": self.banner, "fps": self.fps, "codec": self.codec, "threads": threads}
-        worker = Path(__file__).resolve().with_name("draw_worker.py")
+        spec = {"slots_path": name, "slots": slots, "slot_bytes": slot_bytes, "size": size, "fps": self.fps,
+                "codec": self.codec, "threads": self.encoder_threads or default_threads(self.workers)}
+        worker = Path(__file__).resolve().with_name("encode_worker.py")
         for k in range(self.workers):
-            proc = subprocess.Popen([sys.executable, str(worker)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    env={**os.environ, **WORKER_ENV})
+            proc = subprocess.Popen([sys.executable, str(worker)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._procs.append(proc)
             self._send(k, ("open", spec))
-            reader = threading.Thread(target=self._listen, args=(proc,), name=f"emonet-draw-{k}", daemon=True)
+            reader = threading.Thread(target=self._listen, args=(proc,), name=f"emonet-encode-{k}", daemon=True)
             reader.start()
             self._readers.append(reader)
+        self._sender = threading.Thread(target=self._hand_over, name="emonet-encode-send", daemon=True)
+        self._sender.start()
 
     def _send(self, k: int, message: tuple) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -120,7 +129,19 @@ class AnnotatedVideoWriter:
             self._procs[k].stdin.write(struct.pack(">I", len(data)) + data)
             self._procs[k].stdin.flush()
         except (BrokenPipeError, OSError):
-            self._fail(f"a drawing process ended unexpectedly (exit code {self._procs[k].poll()})")
+            self._fail(f"an encoding process ended unexpectedly (exit code {self._procs[k].poll()})")
+
+    def _hand_over(self) -> None:
+        """Once a chunk's copies into its slots have finished, tell the encoders (a thread: no waiting here)."""
+        while True:
+            item = self._handoff.get()
+            if item is None:
+                return
+            done, messages = item
+            if done is not None:
+                done.synchronize()
+            for k, message in messages:
+                self._send(k, message)
 
     def _listen(self, proc: subprocess.Popen) -> None:
         for raw in proc.stdout:
@@ -132,16 +153,15 @@ class AnnotatedVideoWriter:
                 with self._lock:
                     self._segments.append((int(frames), path))
             elif kind == "T":
-                draw, encode, user, system = map(float, rest.split())
+                encode, user, system = map(float, rest.split())
                 with self._lock:
-                    self.seconds["draw"] += draw
-                    self.seconds["encode"] += encode
+                    self.encode_seconds += encode
                     self.cpu_seconds["user"] += user
                     self.cpu_seconds["system"] += system
             elif kind == "E":
                 self._fail(rest)
         if proc.wait() != 0:
-            self._fail(f"a drawing process ended unexpectedly (exit code {proc.returncode})")
+            self._fail(f"an encoding process ended unexpectedly (exit code {proc.returncode})")
 
     def _fail(self, message: str) -> None:
         with self._lock:
@@ -152,39 +172,46 @@ class AnnotatedVideoWriter:
         if self._errors:
             raise InputError(f"writing the annotated video failed: {self._errors[0]}")
 
-    # -- frames ------------------------------------------------------------------------------
-    def put(self, index: int, image: np.ndarray, faces: list, colors: list) -> None:
-        """Hand over one frame (RGB) and its faces; blocks while every slot waits for a worker."""
-        self._check()
-        if self._shape is None:
-            self._start(image.shape[:2])
-        h, w = self._shape
-        if image.shape[:2] != (h, w):
-            # The source changed size: the video keeps the first frame's (results are in its pixels).
-            sx, sy = w / image.shape[1], h / image.shape[0]
-            image = cv2.resize(image, (w, h), interpolation=cv2.INTER_AREA)
-            faces = [(_scaled(f, sx, sy), trail) for f, trail in faces]
-            self.resized = True
+    def _slot(self) -> int:
         while True:
             try:
-                slot = self._free.get(timeout=0.5)
-                break
+                return self._free.get(timeout=0.5)
             except queue.Empty:
                 self._check()
                 if any(p.poll() is not None for p in self._procs):
-                    self._fail("a drawing process ended unexpectedly")
+                    self._fail("an encoding process ended unexpectedly")
                     self._check()
-        self._slots[slot][: h * w * 3].reshape(h, w, 3)[...] = image
-        segment = self.frames // self.segment_frames if self.workers > 1 else 0
-        path = (str(self._parts / f"{segment:06d}.mp4") if self.workers > 1
-                else str(self.path))
-        self._send(segment % self.workers, ("frame", segment, path, slot, index, (h, w), faces, colors))
-        self.frames += 1
+
+    # -- frames ------------------------------------------------------------------------------
+    def put(self, indices: Sequence[int], frames: torch.Tensor, size: tuple[int, int]) -> None:
+        """Hand over I420 ``frames`` of ``size`` = (width, height); blocks while every slot waits for an encoder."""
+        self._check()
+        if self._size is None:
+            self._start(size, frames.device)
+        if tuple(size) != self._size:
+            raise ValueError(f"frames of {size}, the video's are {self._size}")
+        messages = []
+        for index, frame in zip(indices, frames):
+            slot = self._slot()
+            self._slots[slot].copy_(frame, non_blocking=True)
+            segment = self.frames // self.segment_frames if self.workers > 1 else 0
+            path = str(self._parts / f"{segment:06d}.mp4") if self.workers > 1 else str(self.path)
+            messages.append((segment % self.workers, ("frame", path, slot, int(index))))
+            self.frames += 1
+        done = None
+        if frames.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        self._handoff.put((done, messages))
 
     def close(self) -> Optional[Path]:
-        """Let the workers finish every frame handed over, join their segments, and move the video into
+        """Let the encoders finish every frame handed over, join their segments, and move the video into
         place; returns its path (None when no frame was written). Raises :class:`InputError` on a failure,
         after keeping what could be kept."""
+        if self._sender is not None:
+            self._handoff.put(None)
+            self._sender.join()
+            self._sender = None
         for k in range(len(self._procs)):
             self._send(k, ("end",))
         for proc, reader in zip(self._procs, self._readers):
@@ -197,10 +224,14 @@ class AnnotatedVideoWriter:
         if self._slot_file is not None:
             self._slot_file.unlink(missing_ok=True)
             self._slots = []
+            if self._registered is not None:
+                torch.cuda.cudart().cudaHostUnregister(self._registered)
+                self._registered = None
             try:
                 self._memory.close()
             except BufferError:
                 pass
+            self._slot_file = None
         result = None
         try:
             if self.frames and self.workers == 1:
@@ -215,13 +246,3 @@ class AnnotatedVideoWriter:
                 shutil.rmtree(self._parts, ignore_errors=True)
         self._check()
         return result
-
-
-def _scaled(face, sx: float, sy: float):
-    """A copy of a FaceResult in a frame resized by ``(sx, sy)``."""
-    from dataclasses import replace
-
-    scale = np.array([sx, sy])
-    matrix = np.asarray(face.matrix, np.float64) @ np.diag([1 / sx, 1 / sy, 1.0])
-    return replace(face, box=np.asarray(face.box) * np.tile(scale, 2), landmarks=face.landmarks * scale,
-                   matrix=matrix)

@@ -1,6 +1,6 @@
 """Video writing: one encoder (:class:`VideoWriter`), and joining segments encoded in parallel.
 
-Torch-free, so the drawing workers (:mod:`.draw_worker`) start fast. Every file is encoded under a
+Torch-free, so the encoding workers (:mod:`.encode_worker`) start fast. Every file is encoded under a
 temporary name and renamed on close, so an output is either a playable video or absent; closing in a
 ``finally`` (also on Ctrl-C or SIGTERM) keeps every frame written so far.
 """
@@ -105,21 +105,29 @@ class VideoWriter:
         if (rgb.shape[1], rgb.shape[0]) != self.size:
             rgb = cv2.resize(rgb, self.size, interpolation=cv2.INTER_AREA)
             self.resized = True
-        if self._cv is not None:
-            self._cv.write(cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
-        else:
-            self._encode(rgb, index)
-        self.frames += 1
-
-    def _encode(self, rgb: np.ndarray, index: Optional[int]) -> None:
-        import av
-
         if self.coded != self.size:
             rgb = cv2.copyMakeBorder(rgb, 0, self.coded[1] - self.size[1], 0, self.coded[0] - self.size[0],
                                      cv2.BORDER_CONSTANT)
         # OpenCV's conversion (SIMD, GIL released) is several times faster than swscale's from rgb24.
         self._yuv = cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420, dst=self._yuv)  # one buffer, reused
-        frame = av.VideoFrame.from_ndarray(self._yuv, format="yuv420p")
+        self.write_i420(self._yuv, index)
+
+    def write_i420(self, yuv: np.ndarray, index: Optional[int] = None) -> None:
+        """Append one frame already in I420 (yuv420p planes one after the other, BT.601 limited range) at the
+        coded size (even sides), as :class:`emonet.drawing.VideoCanvas` draws them."""
+        width, height = self.coded
+        yuv = yuv.reshape(height * 3 // 2, width)
+        if self._cv is not None:
+            bgr = cv2.cvtColor(yuv, cv2.COLOR_YUV2BGR_I420)
+            self._cv.write(bgr[:self.size[1], :self.size[0]])
+        else:
+            self._encode(yuv, index)
+        self.frames += 1
+
+    def _encode(self, yuv: np.ndarray, index: Optional[int]) -> None:
+        import av
+
+        frame = av.VideoFrame.from_ndarray(yuv, format="yuv420p")  # a copy: the caller may reuse its buffer
         frame.colorspace = av.video.reformatter.Colorspace.ITU601
         frame.color_range = av.video.reformatter.ColorRange.MPEG
         if self._first_pts is None:

@@ -1,0 +1,231 @@
+"""How a face is marked, and the marks drawn on photos with OpenCV and NumPy.
+
+:func:`face_marks` places everything drawn for a face (box, label, landmarks, circumplex); the label, the
+circumplex disc and captions are *sprites*: small premultiplied RGBA images drawn once with OpenCV (and
+cached), then laid over the picture. Photos lay them with NumPy here; the video canvas
+(:mod:`.canvas`) lays the same sprites and marks with torch, on the frames' device, so both look alike.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional, Sequence
+
+import cv2
+import numpy as np
+
+from ..results import FaceResult
+
+# One colour per expression class (RGB), stable across images and videos.
+PALETTE = [(200, 200, 200), (80, 220, 80), (70, 120, 255), (255, 210, 0), (190, 90, 255),
+           (130, 170, 40), (255, 60, 60), (255, 140, 0)]
+FONT = cv2.FONT_HERSHEY_SIMPLEX
+LABEL_SHADE = 0.55  # how far a label's box darkens what is under it
+
+
+def _color(index: int) -> tuple[int, int, int]:
+    return PALETTE[index % len(PALETTE)]
+
+
+# -- sprites: premultiplied RGBA, uint8 --------------------------------------------------------------
+
+def _paint(rgba: np.ndarray, mask: np.ndarray, color, opacity: float = 1.0) -> None:
+    """Lay ``color`` over the float RGBA image where the coverage ``mask`` (0-255) says, in place."""
+    m = mask[..., None].astype(np.float32) * (opacity / 255)
+    rgba[..., :3] = rgba[..., :3] * (1 - m) + np.asarray(color, np.float32) * m
+    rgba[..., 3:] = rgba[..., 3:] * (1 - m) + 255 * m
+
+
+def _text_mask(shape: tuple[int, int], text: str, org: tuple[int, int], scale: float, thickness: int) -> np.ndarray:
+    mask = np.zeros(shape, np.uint8)
+    cv2.putText(mask, text, (int(org[0]), int(org[1])), FONT, scale, 255, thickness, cv2.LINE_AA)
+    return mask
+
+
+def _finish(rgba: np.ndarray) -> np.ndarray:
+    out = np.rint(np.clip(rgba, 0, 255)).astype(np.uint8)
+    out.setflags(write=False)  # cached and shared: never drawn on
+    return out
+
+
+@lru_cache(maxsize=1024)
+def label_sprite(lines: tuple[tuple[str, tuple[int, int, int]], ...], scale: float, thickness: int) -> np.ndarray:
+    """Lines of coloured text on a darkening box (a face's label)."""
+    sizes = [cv2.getTextSize(t, FONT, scale, thickness)[0] for t, _ in lines]
+    pad, gap = 4, int(8 * scale) + 2
+    width = max(w for w, _ in sizes) + 2 * pad
+    height = sum(h for _, h in sizes) + gap * (len(lines) - 1) + 2 * pad + int(6 * scale)
+    rgba = np.zeros((height, width, 4), np.float32)
+    rgba[..., 3] = 255 * LABEL_SHADE
+    cy = pad
+    for (text, color), (_, h) in zip(lines, sizes):
+        cy += h
+        _paint(rgba, _text_mask((height, width), text, (pad, cy), scale, thickness), color)
+        cy += gap
+    return _finish(rgba)
+
+
+@lru_cache(maxsize=256)
+def text_sprite(text: str, scale: float, color: tuple[int, int, int], thickness: int = 1) -> np.ndarray:
+    """Text with a dark shadow, readable on any background (ASCII only: Hershey fonts).
+
+    A shadow at the same thickness, not a thicker outline: OpenCV 5's font widens glyphs with thickness.
+    """
+    (w, h), base = cv2.getTextSize(text, FONT, scale, thickness)
+    shape = (h + base + thickness + 2, w + thickness + 2)
+    rgba = np.zeros((*shape, 4), np.float32)
+    org = (0, h)
+    _paint(rgba, _text_mask(shape, text, (org[0] + 1, org[1] + 1), scale, thickness), (0, 0, 0))
+    _paint(rgba, _text_mask(shape, text, org, scale, thickness), color)
+    return _finish(rgba)
+
+
+def text_origin(text: str, scale: float, thickness: int = 1) -> int:
+    """How far below a text sprite's top its baseline lies (where ``cv2.putText`` puts ``org``)."""
+    return cv2.getTextSize(text, FONT, scale, thickness)[0][1]
+
+
+@lru_cache(maxsize=64)
+def disc_sprite(radius: int) -> np.ndarray:
+    """The valence (x) / arousal (y, up) disc: darkened, outlined, with axes and their letters."""
+    side = 2 * radius + 3
+    c = radius + 1
+    rgba = np.zeros((side, side, 4), np.float32)
+
+    def shape(draw) -> np.ndarray:
+        mask = np.zeros((side, side), np.uint8)
+        draw(mask)
+        return mask
+
+    _paint(rgba, shape(lambda m: cv2.circle(m, (c, c), radius, 255, -1, cv2.LINE_AA)), (30, 30, 30), 0.6)
+    _paint(rgba, shape(lambda m: cv2.circle(m, (c, c), radius, 255, 1, cv2.LINE_AA)), (220, 220, 220))
+    _paint(rgba, shape(lambda m: cv2.line(m, (c - radius, c), (c + radius, c), 255, 1, cv2.LINE_AA)), (150, 150, 150))
+    _paint(rgba, shape(lambda m: cv2.line(m, (c, c - radius), (c, c + radius), 255, 1, cv2.LINE_AA)), (150, 150, 150))
+    fs = max(0.3, radius / 120)
+    for letter, (x, y) in (("V", (c + radius - int(14 * fs / 0.4), c - 4)), ("A", (c + 4, c - radius + int(14 * fs / 0.4)))):
+        for offset, color in ((1, (0, 0, 0)), (0, (220, 220, 220))):
+            _paint(rgba, _text_mask((side, side), letter, (x + offset, y + offset), fs, 1), color)
+    return _finish(rgba)
+
+
+def lay(img: np.ndarray, sprite: np.ndarray, x: int, y: int) -> None:
+    """Lay a sprite over ``img`` (RGB, uint8) with its top-left corner at ``(x, y)``, clipped, in place."""
+    h, w = sprite.shape[:2]
+    x0, y0, x1, y1 = max(x, 0), max(y, 0), min(x + w, img.shape[1]), min(y + h, img.shape[0])
+    if x1 <= x0 or y1 <= y0:
+        return
+    part = sprite[y0 - y:y1 - y, x0 - x:x1 - x].astype(np.uint16)
+    roi = img[y0:y1, x0:x1]
+    roi[...] = (roi * (255 - part[..., 3:]) + 127) // 255 + part[..., :3]
+
+
+# -- where a face's marks go ----------------------------------------------------------------------
+
+@dataclass
+class FaceMarks:
+    """Everything drawn for one face, placed in its image."""
+
+    color: tuple[int, int, int]
+    box: tuple[int, int, int, int]       # x1, y1, x2, y2
+    thickness: int                       # of the box's lines
+    label: np.ndarray                    # the label sprite
+    label_at: tuple[int, int]            # its top-left corner
+    landmark_radius: int
+    disc_center: tuple[int, int]         # the circumplex beside the box
+    disc_radius: int
+
+    @property
+    def dot_radius(self) -> int:
+        """Radius of the valence/arousal point on the disc."""
+        return max(2, self.disc_radius // 12)
+
+
+def face_marks(face: FaceResult, class_names: Sequence[str], shape: tuple[int, ...],
+               label: Optional[str] = None) -> FaceMarks:
+    """Where the box, the '<expression> <p>' and valence/arousal label, the landmarks and the circumplex of
+    ``face`` go in an image of ``shape``."""
+    color = _color(face.expression)
+    x1, y1, x2, y2 = (int(round(v)) for v in face.box)
+    size = max(x2 - x1, y2 - y1, 1)
+    thick = max(1, size // 120)
+    fs = round(float(np.clip(size / 250, 0.5, 1.2)), 2)  # rounded: sprites of nearby sizes are shared
+    name, p = class_names[face.expression], face.probabilities[face.expression]
+    lines = ((f"{label + ' ' if label else ''}{name} {p:.2f}", color),
+             (f"V {face.valence:+.2f}  A {face.arousal:+.2f}", (255, 255, 255)))
+    sprite = label_sprite(lines, fs, thick)
+    h, w = shape[:2]
+    lx = int(np.clip(x1, 0, max(0, w - sprite.shape[1])))
+    ly = y1 - sprite.shape[0] if y1 - sprite.shape[0] >= 0 else y1  # above the box, else below its top
+    radius = int(np.clip(size * 0.25, 18, 90))
+    cx = x2 + radius + 6 if x2 + 2 * radius + 6 < w else max(radius, x1 - radius - 6)
+    cy = int(np.clip(y1 + radius, radius, h - radius - 1))
+    return FaceMarks(color, (x1, y1, x2, y2), thick, sprite, (lx, ly), max(1, size // 100), (cx, cy), radius)
+
+
+def disc_points(points: np.ndarray, radius: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pixels ``(xs, ys)`` of filled dots of ``radius`` around ``points`` (N, 2)."""
+    r = int(radius)
+    dy, dx = np.mgrid[-r:r + 1, -r:r + 1]
+    disc = dx ** 2 + dy ** 2 <= r * r + r
+    p = np.rint(np.asarray(points, np.float64).reshape(-1, 2)).astype(np.int64)
+    return (p[:, 0, None] + dx[disc]).ravel(), (p[:, 1, None] + dy[disc]).ravel()
+
+
+def circumplex_xy(center: tuple[int, int], radius: int, va) -> np.ndarray:
+    """Pixel positions of valence/arousal pairs (N, 2) on a disc: valence right, arousal up."""
+    va = np.clip(np.asarray(va, np.float64).reshape(-1, 2), -1, 1)
+    return np.rint(np.stack([center[0] + va[:, 0] * radius, center[1] - va[:, 1] * radius], 1)).astype(np.int64)
+
+
+def _draw_points(img: np.ndarray, points: np.ndarray, radius: int, color=(0, 255, 255)) -> None:
+    """Filled dots, set in one vectorised write (68 anti-aliased circles a frame cost more than the rest)."""
+    xs, ys = disc_points(points, radius)
+    inside = (xs >= 0) & (xs < img.shape[1]) & (ys >= 0) & (ys < img.shape[0])
+    img[ys[inside], xs[inside]] = color
+
+
+def draw_circumplex(img: np.ndarray, center: tuple[int, int], radius: int, valence: float, arousal: float,
+                    color=(255, 255, 255)) -> None:
+    """A valence (x) / arousal (y, up) disc with the current point."""
+    lay(img, disc_sprite(radius), center[0] - radius - 1, center[1] - radius - 1)
+    point = tuple(int(v) for v in circumplex_xy(center, radius, [valence, arousal])[0])
+    cv2.circle(img, point, max(2, radius // 12), color, -1, cv2.LINE_AA)
+
+
+def draw_face(img: np.ndarray, face: FaceResult, class_names: Sequence[str], label: Optional[str] = None,
+              landmarks: bool = True) -> None:
+    """Box, '<expression> <p>' label, valence/arousal line, landmarks and a circumplex beside the box."""
+    marks = face_marks(face, class_names, img.shape, label)
+    x1, y1, x2, y2 = marks.box
+    cv2.rectangle(img, (x1, y1), (x2, y2), marks.color, marks.thickness, cv2.LINE_AA)
+    lay(img, marks.label, *marks.label_at)
+    if landmarks:
+        _draw_points(img, face.landmarks, marks.landmark_radius)
+    draw_circumplex(img, marks.disc_center, marks.disc_radius, face.valence, face.arousal, marks.color)
+
+
+def banner_sprite(text: str, width: int) -> np.ndarray:
+    """A warning strip ``width`` wide (e.g. untrained weights); ASCII only (Hershey fonts)."""
+    text = text.replace("\u2014", "-").encode("ascii", "replace").decode()
+    fs = round(float(np.clip(width / 1400, 0.4, 1.0)), 2)
+    h = int(30 * fs) + 8
+    strip = np.zeros((h, width, 4), np.uint8)
+    strip[...] = (160, 0, 0, 255)
+    words = text_sprite(text, fs, (255, 255, 255))
+    lay(strip[..., :3], words, 6, h - 8 - text_origin(text, fs))
+    return strip
+
+
+def annotate(image: np.ndarray, faces: Sequence[FaceResult], class_names: Sequence[str],
+             banner: Optional[str] = None, labels: Optional[Sequence[str]] = None) -> np.ndarray:
+    """A copy of ``image`` (RGB) with every face drawn; ``labels`` name the faces (default #0, #1, ...)."""
+    out = image.copy()
+    for i, face in enumerate(faces):
+        label = labels[i] if labels is not None else (f"#{i}" if len(faces) > 1 else None)
+        draw_face(out, face, class_names, label=label)
+    if not faces:
+        text = "no face found"
+        lay(out, text_sprite(text, 0.7, (255, 80, 80), 2), 10, out.shape[0] - 12 - text_origin(text, 0.7, 2))
+    if banner:
+        lay(out, banner_sprite(banner, out.shape[1]), 0, 0)
+    return out

@@ -1,0 +1,106 @@
+"""An encoding child process of :class:`emonet.io.annotated.AnnotatedVideoWriter`.
+
+Run as a script (``python encode_worker.py``), so it imports OpenCV, NumPy and PyAV, never torch: it
+starts in a fraction of a second. Encoding in a process of its own keeps PyAV's per-frame Python work
+(wrapping each frame for FFmpeg) off the analysing process's GIL; x264's threads do the rest.
+
+Protocol. The parent writes messages on stdin, each a 4-byte big-endian length and a pickle (the parent
+is this process's own creator: nothing else writes there):
+
+- ``("open", spec)``: the slot file to map, slot count and size, frame size, frame rate, codec, encoder
+  threads;
+- ``("frame", path, slot, index)``: append the I420 frame in ``slot`` to the file ``path`` (a new path
+  finishes the previous one: the parent's segments);
+- ``("end",)``: finish the open file and exit.
+
+The child answers one text line each on stdout: ``R slot`` (the slot may be reused), ``S frames path``
+(a file is finished), ``T encode user system`` (seconds spent encoding, and the process's CPU seconds,
+x264's threads included, at the end), ``E message`` (a failure; later frames are then only released).
+It ignores Ctrl-C: the parent, which sees it too, ends the run by sending ``end``, so every frame handed
+over is kept.
+"""
+from __future__ import annotations
+
+import mmap
+import pickle
+import resource
+import signal
+import struct
+import sys
+import time
+from pathlib import Path
+
+
+def _messages(stream):
+    while True:
+        header = stream.read(4)
+        if len(header) < 4:
+            return
+        (size,) = struct.unpack(">I", header)
+        yield pickle.loads(stream.read(size))
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the package, wherever it is installed
+    import numpy as np
+
+    from emonet.io.writer import VideoWriter
+
+    out = sys.stdout
+
+    def say(line: str) -> None:
+        out.write(line + "\n")
+        out.flush()
+
+    slots = spec = writer = None
+    failed = False
+    encode = 0.0
+
+    def finish() -> None:
+        nonlocal writer
+        if writer is not None:
+            frames, path = writer.frames, writer.close()
+            writer = None
+            if path is not None:
+                say(f"S {frames} {path}")
+
+    for message in _messages(sys.stdin.buffer):
+        kind = message[0]
+        if kind == "open":
+            spec = message[1]
+            with open(spec["slots_path"], "r+b") as fh:
+                memory = mmap.mmap(fh.fileno(), 0)
+            whole = np.frombuffer(memory, np.uint8)
+            w, h = spec["size"]
+            slots = [whole[i * spec["slot_bytes"]:][: w * h * 3 // 2] for i in range(spec["slots"])]
+        elif kind == "frame":
+            _, path, slot, index = message
+            if failed:
+                say(f"R {slot}")
+                continue
+            try:
+                t0 = time.perf_counter()
+                if writer is None or writer.path != Path(path):
+                    finish()
+                    writer = VideoWriter(path, spec["fps"], tuple(spec["size"]), codec=spec["codec"],
+                                         threads=spec["threads"])
+                writer.write_i420(slots[slot], index)
+                encode += time.perf_counter() - t0
+            except Exception as exc:  # reported once; the parent turns it into one line
+                failed = True
+                say("E " + f"{type(exc).__name__}: {exc}".replace("\n", " "))
+            say(f"R {slot}")
+        elif kind == "end":
+            break
+    try:
+        finish()
+    except Exception as exc:
+        say("E " + f"{type(exc).__name__}: {exc}".replace("\n", " "))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    say(f"T {encode:.6f} {usage.ru_utime:.3f} {usage.ru_stime:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
+import resource
 import signal
 import sys
 import time
@@ -39,7 +41,8 @@ from ..runtime import select_device
 from ..timing import LatencyTimer, StartupClock
 from .common import add_model_arguments, build_detector, build_engine, run_tool
 
-STAGES = ("decode", "detect", "emonet", "results", "draw", "encode")  # emonet: track, crop, network
+# emonet: track, crop, network; hand-over: copying drawn frames out, and waiting for the encoders when behind
+STAGES = ("decode", "detect", "emonet", "results", "draw", "hand-over", "encode")
 
 
 class RowWriter:
@@ -192,7 +195,6 @@ class VideoJob:
         self.seconds["results"] += t2 - t1
         if self.annotated is not None:
             self._draw(pending.frames, per_frame)
-            self.seconds["draw"] += time.perf_counter() - t2
         for frame in pending.frames:
             frame.pixels = frame.ready = None  # drawn: free the GPU copy now
 
@@ -206,9 +208,13 @@ class VideoJob:
                 trail.append((face.valence, face.arousal))
                 snapshot.append((face, list(trail)))
             faces.append(snapshot)
+        t0 = time.perf_counter()
         images = [frame.on_device(self.engine.device) for frame in frames]
         drawn = self.canvas.draw(images, faces, [[_color(f.face_id) for f in r] for r in per_frame])
+        t1 = time.perf_counter()
         self.annotated.put([frame.index for frame in frames], drawn, self.canvas.size)
+        self.seconds["draw"] += t1 - t0
+        self.seconds["hand-over"] += time.perf_counter() - t1
 
     def close(self) -> Optional[Path]:
         """Finish every output; returns the video's path if one was written. No frame: nothing is kept."""
@@ -232,6 +238,13 @@ class VideoRun:
     wall: float                     # seconds from the first frame to the end
     video: Optional[Path]           # the annotated video, if one was written
     interrupted: bool
+    cpu: dict                       # CPU-seconds meanwhile: this process, decoding, encoding
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """CPU-seconds so far of this process, and of its children that have ended."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
 def open_reader(args: argparse.Namespace, source: str) -> VideoReader:
@@ -263,6 +276,7 @@ def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipelin
     if reader.device is not None:
         torch.set_num_threads(min(4, threads))
     wall0 = time.perf_counter()
+    cpu0 = _cpu_seconds()
     try:
         height, width, _ = reader.frame_shape
         if startup is not None:
@@ -272,6 +286,7 @@ def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipelin
             startup.mark("model, engine and warm-up")
         job = VideoJob(args, pipeline, reader, outputs)
         wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
+        cpu0 = _cpu_seconds()
         bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True, desc=desc)
         # Software-pipelined: chunk n's detection is queued, chunk n - 1's EmoNet results are read while it
         # runs (their landmarks place chunk n's crops), then chunk n is tracked, cropped and queued.
@@ -298,9 +313,13 @@ def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipelin
         torch.set_num_threads(threads)
         reader.close()
         video = job.close() if job else None
+    cpu = {}
     if job is not None:
         job._sync()
-    return VideoRun(job, time.perf_counter() - wall0, video, interrupted)
+        own, children = (b - a for a, b in zip(cpu0, _cpu_seconds()))  # the reader's and encoders' have ended
+        encoding = sum(job.annotated.cpu_seconds.values()) if job.annotated is not None else 0.0
+        cpu = {"this process": own, "decoding": children - encoding, "encoding": encoding}
+    return VideoRun(job, time.perf_counter() - wall0, video, interrupted, cpu)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -322,13 +341,14 @@ def run(args: argparse.Namespace) -> int:
             print("interrupted before the first frame", file=sys.stderr)
             return 130
         raise InputError(f"{source}: no frame could be read (empty, corrupt, or a codec OpenCV cannot decode)")
-    _summary(job, job.reader, result.wall, result.video, result.interrupted)
+    _summary(job, job.reader, result)
     print(startup.format("first results"), file=sys.stderr)
     return 130 if result.interrupted else 0
 
 
-def _summary(job: VideoJob, reader: VideoReader, wall: float, video: Optional[Path], interrupted: bool) -> None:
+def _summary(job: VideoJob, reader: VideoReader, run: VideoRun) -> None:
     err = sys.stderr
+    wall, video, interrupted = run.wall, run.video, run.interrupted
     job.seconds["decode"] = reader.decode_seconds
     print(f"\n{'interrupted: ' if interrupted else ''}{job.frames} frames, {job.faces} faces, "
           f"{job.frames / max(wall, 1e-9):.1f} frames/s end to end ({wall:.2f} s)", file=err)
@@ -337,10 +357,9 @@ def _summary(job: VideoJob, reader: VideoReader, wall: float, video: Optional[Pa
                 if job.annotated is not None else "")
     print(f"time per frame by stage (ms; decode runs in a process of its own{encoding}, beside detect, EmoNet "
           f"(tracking and crops included), results and draw): {per}", file=err)
-    if job.annotated is not None:
-        cpu = job.annotated.cpu_seconds
-        print(f"encoding: {cpu['user'] + cpu['system']:.1f} CPU-seconds in {job.annotated.workers} "
-              f"processes (user {cpu['user']:.1f}, system {cpu['system']:.1f})", file=err)
+    cores = sum(run.cpu.values()) / max(wall, 1e-9)
+    print("CPU-seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in run.cpu.items() if v > 0)
+          + f" ({cores:.1f} of {os.cpu_count()} cores busy on average)", file=err)
     if job.canvas is not None and job.canvas.resized:
         print("note: the video changed frame size; frames were resized to the first frame's size", file=err)
     for path, what in ((video, "annotated video"), (job.outputs.csv, "CSV"), (job.outputs.jsonl, "JSONL")):

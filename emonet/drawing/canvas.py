@@ -59,51 +59,75 @@ def coded_size(height: int, width: int) -> tuple[int, int]:
 
 @dataclass
 class _Marks:
-    """What one chunk lays over its frames, gathered on the host."""
+    """What one chunk lays over its frames, gathered on the host as primitives; the device turns them into
+    pixels (this runs for every frame: the host's work per mark stays small).
 
-    sprites: list = field(default_factory=list)  # (frame, x, y, rgba) already clipped to where it may go
-    points: list = field(default_factory=list)   # (frame, xs, ys, colour): pixels set to a colour
+    Drawing order: sprites, then filled rectangles (boxes' sides), lines (trails) and dots (landmarks,
+    valence/arousal points), each over the ones before.
+    """
 
-    def sprite(self, b: int, rgba: np.ndarray, x: int, y: int, clip: tuple[int, int, int, int]) -> None:
-        """``rgba`` with its corner at ``(x, y)``, the part inside ``clip`` = (x0, y0, x1, y1)."""
+    sprites: list = field(default_factory=list)  # (frame, x, y, rgba, (r0, r1, c0, c1), kept)
+    rects: list = field(default_factory=list)    # (frame, x0, y0, x1, y1, colour, clip)
+    lines: list = field(default_factory=list)    # (frame, points (N, 2), colour per segment (N - 1, 3), clip)
+    dots: list = field(default_factory=list)     # (frame, centres (K, 2), radius, colour, clip)
+
+    def sprite(self, b: int, rgba: np.ndarray, x: int, y: int, clip: tuple[int, int, int, int],
+               kept: bool = False) -> None:
+        """``rgba`` with its corner at ``(x, y)``, the part inside ``clip`` = (x0, y0, x1, y1); ``kept``: the
+        same array comes again and again (a cached sprite), so the device keeps a copy of it."""
         h, w = rgba.shape[:2]
         x0, y0, x1, y1 = max(x, clip[0]), max(y, clip[1]), min(x + w, clip[2]), min(y + h, clip[3])
         if x1 > x0 and y1 > y0:
-            self.sprites.append((b, x0, y0, rgba[y0 - y:y1 - y, x0 - x:x1 - x]))
-
-    def pixels(self, b: int, xs: np.ndarray, ys: np.ndarray, color, clip: tuple[int, int, int, int]) -> None:
-        """Pixels ``(xs, ys)`` set to ``color`` (one, or one per pixel), those inside ``clip``."""
-        keep = (xs >= clip[0]) & (xs < clip[2]) & (ys >= clip[1]) & (ys < clip[3])
-        if keep.any():
-            colors = np.broadcast_to(np.asarray(color, np.uint8), (len(xs), 3))
-            self.points.append((b, xs[keep], ys[keep], colors[keep]))
+            self.sprites.append((b, x0, y0, rgba, (y0 - y, y1 - y, x0 - x, x1 - x), kept))
 
 
-def _rectangle(box: tuple[int, int, int, int], thickness: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pixels of a rectangle's outline ``thickness`` wide, centred on the box's edges."""
+def _rect_table(rects: list) -> Optional[np.ndarray]:
+    """``(R, 8)`` int64: frame, x0, y0, width, pixels, R, G, B of each rectangle cut to its clip."""
+    if not rects:
+        return None
+    table = np.array([r[:5] for r in rects], np.int64)
+    clip = np.array([r[6] for r in rects], np.int64)
+    x0, y0 = np.maximum(table[:, 1], clip[:, 0]), np.maximum(table[:, 2], clip[:, 1])
+    w = np.maximum(np.minimum(table[:, 3], clip[:, 2]) - x0, 0)
+    h = np.maximum(np.minimum(table[:, 4], clip[:, 3]) - y0, 0)
+    return np.column_stack([table[:, 0], x0, y0, w, w * h, np.array([r[5] for r in rects], np.int64)])
+
+
+def _segment_table(lines: list) -> Optional[np.ndarray]:
+    """``(S, 12)`` float64: start x, y, step x, y, pixels, frame, clip x0, y0, x1, y1, and the packed colour
+    of each segment (a pixel per step along its longer axis)."""
+    rows = []
+    for frame, points, colors, clip in lines:
+        points = np.asarray(points, np.float64)
+        if len(points) < 2:
+            continue
+        step = np.diff(points, axis=0)
+        n = np.abs(step).max(1) + 1
+        packed = (np.asarray(colors, np.int64) * [65536, 256, 1]).sum(1)
+        rows.append(np.column_stack([points[:-1], step, n, np.full(len(n), frame),
+                                     np.broadcast_to(np.asarray(clip, np.float64), (len(n), 4)), packed]))
+    return np.concatenate(rows) if rows else None
+
+
+def _dot_tables(dots: list) -> dict[int, np.ndarray]:
+    """Per radius, ``(K, 8)`` int64: centre x, y, frame, clip x0, y0, x1, y1 and the packed colour."""
+    groups: dict[int, list] = {}
+    for frame, centres, radius, color, clip in dots:
+        centres = np.rint(np.asarray(centres, np.float64).reshape(-1, 2)).astype(np.int64)
+        packed = (np.asarray(color, np.int64).reshape(-1, 3) * [65536, 256, 1]).sum(1)
+        groups.setdefault(int(radius), []).append(np.column_stack([
+            centres, np.full(len(centres), frame), np.broadcast_to(np.asarray(clip, np.int64), (len(centres), 4)),
+            np.broadcast_to(packed, len(centres))]))
+    return {r: np.concatenate(rows) for r, rows in groups.items()}
+
+
+def _box_sides(box: tuple[int, int, int, int], thickness: int) -> list[tuple[int, int, int, int]]:
+    """The four filled rectangles (x0, y0, x1, y1; ends excluded) of a box's outline ``thickness`` wide,
+    centred on its edges."""
     x1, y1, x2, y2 = box
-    lo, hi = (thickness - 1) // 2, thickness // 2
-    rows = np.arange(-lo, hi + 1)
-    xs_h = np.arange(x1 - lo, x2 + hi + 1)
-    ys_v = np.arange(y1 - lo, y2 + hi + 1)
-    xs = [np.tile(xs_h, 2 * len(rows)), np.repeat(np.concatenate([x1 + rows, x2 + rows]), len(ys_v))]
-    ys = [np.repeat(np.concatenate([y1 + rows, y2 + rows]), len(xs_h)), np.tile(ys_v, 2 * len(rows))]
-    return np.concatenate(xs), np.concatenate(ys)
-
-
-def _polyline(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pixels along consecutive ``points`` (N, 2), and for each the index of the segment it is on."""
-    xs, ys, seg = [], [], []
-    for i in range(1, len(points)):
-        (ax, ay), (bx, by) = points[i - 1], points[i]
-        n = int(max(abs(bx - ax), abs(by - ay))) + 1
-        t = np.linspace(0.0, 1.0, n)
-        xs.append(np.rint(ax + (bx - ax) * t).astype(np.int64))
-        ys.append(np.rint(ay + (by - ay) * t).astype(np.int64))
-        seg.append(np.full(n, i))
-    if not xs:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(xs), np.concatenate(ys), np.concatenate(seg)
+    lo, hi = (thickness - 1) // 2, thickness // 2 + 1
+    return [(x1 - lo, y1 - lo, x2 + hi, y1 + hi), (x1 - lo, y2 - lo, x2 + hi, y2 + hi),
+            (x1 - lo, y1 - lo, x1 + hi, y2 + hi), (x2 - lo, y1 - lo, x2 + hi, y2 + hi)]
 
 
 def _scaled(face: FaceResult, sx: float, sy: float) -> FaceResult:
@@ -118,8 +142,8 @@ def _layers(sprites: list) -> list[int]:
     """For each sprite, its layer: after every earlier sprite it overlaps on the same frame."""
     layers: list[int] = []
     placed: dict[int, list[tuple[int, int, int, int, int]]] = {}  # frame -> (x0, y0, x1, y1, layer)
-    for b, x, y, rgba in sprites:
-        x1, y1 = x + rgba.shape[1], y + rgba.shape[0]
+    for b, x, y, _, (r0, r1, c0, c1), _ in sprites:
+        x1, y1 = x + c1 - c0, y + r1 - r0
         layer = max((lj + 1 for xa, ya, xb, yb, lj in placed.get(b, ()) if x < xb and xa < x1 and y < yb and ya < y1),
                     default=0)
         placed.setdefault(b, []).append((x, y, x1, y1, layer))
@@ -144,6 +168,11 @@ class VideoCanvas:
         self._canvas: Optional[torch.Tensor] = None
         self._background: Optional[torch.Tensor] = None
         self._banner: Optional[torch.Tensor] = None
+        self._grid: Optional[torch.Tensor] = None
+        self._sprites: dict[int, tuple[np.ndarray, torch.Tensor]] = {}  # cached sprites' device copies
+        self._last: Optional[torch.Tensor] = None  # scratch: the last mark at each pixel
+        self._dots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._storage: Optional[torch.Tensor] = None
         self._yuv = (_RGB_TO_YUV * _YUV_SCALE[:, None]).T.to(self.device)
         self._offset = _YUV_OFFSET.to(self.device)
 
@@ -182,7 +211,7 @@ class VideoCanvas:
         self._crops(canvas, images, faces)
         marks = self._marks(faces, colors)
         self._lay_sprites(canvas, marks.sprites)
-        self._set_points(canvas, marks.points)
+        self._set_points(canvas, marks)
         if self._banner is not None:
             self._lay(canvas[:, :self._banner.shape[0], :w], self._banner)
         return self._i420(canvas)
@@ -193,8 +222,9 @@ class VideoCanvas:
         width, height = self.size
         if self._canvas is None or self._canvas.shape[0] != len(images):
             # Zeros once: the rounding to even sides stays black. Reused by the next chunk, which the
-            # stream orders after this one's conversion.
-            self._canvas = torch.zeros((len(images), height, width, 3), dtype=torch.uint8, device=self.device)
+            # stream orders after this one's conversion. One spare pixel past the frames (see _flat).
+            self._storage = torch.zeros(len(images) * height * width * 3 + 3, dtype=torch.uint8, device=self.device)
+            self._canvas = self._storage[:-3].view(len(images), height, width, 3)
         canvas = self._canvas
         for b, image in enumerate(images):
             canvas[b, :h, :w].copy_(image)
@@ -213,61 +243,75 @@ class VideoCanvas:
         for b in which:
             face = max((f for f, _ in faces[b]), key=lambda f: f.box[2] - f.box[0])
             m = np.vstack([np.asarray(face.matrix, np.float64) * (side / CROP_SIZE), [0, 0, 1]])
-            inverse.append(np.linalg.inv(m)[:2])
-        # Pixel centres (u, v) of the crop -> image pixels -> grid_sample's [-1, 1] (align_corners=False).
-        inv = torch.as_tensor(np.stack(inverse), dtype=torch.float32).to(self.device, non_blocking=True)
-        axis = torch.arange(side, device=self.device, dtype=torch.float32)
-        uv1 = torch.stack(torch.broadcast_tensors(axis[None, :], axis[:, None], torch.ones(1, device=self.device)), -1)
-        xy = torch.einsum("nij,uvj->nuvi", inv, uv1)
-        grid = (xy + 0.5) / torch.tensor([w, h], device=self.device, dtype=torch.float32) * 2 - 1
+            # Crop pixel centres (u, v, 1) -> image pixels -> grid_sample's [-1, 1] (align_corners=False).
+            to_grid = np.array([[2 / w, 0, 1 / w - 1], [0, 2 / h, 1 / h - 1], [0, 0, 1]])
+            inverse.append((to_grid @ np.linalg.inv(m))[:2])
+        grid = torch.einsum("nij,uvj->nuvi", self._upload(np.stack(inverse).astype(np.float32)), self._pixels(side))
         source = torch.stack([images[b] for b in which]).permute(0, 3, 1, 2).float()
         crops = F.grid_sample(source, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
         crops = crops.round_().clamp_(0, 255).byte().permute(0, 2, 3, 1)
         for k, b in enumerate(which):
             canvas[b, :side, x0:x0 + side].copy_(crops[k])
 
+    def _pixels(self, side: int) -> torch.Tensor:
+        """``(side, side, 3)``: each crop pixel's ``(u, v, 1)``, kept on the device."""
+        if self._grid is None or self._grid.shape[0] != side:
+            axis = torch.arange(side, dtype=torch.float32)
+            self._grid = torch.stack(torch.broadcast_tensors(axis[None, :], axis[:, None], torch.ones(1)), -1).to(self.device)
+        return self._grid
+
+    def _upload(self, array: np.ndarray) -> torch.Tensor:
+        """A host array on the device, without waiting: from page-locked memory (a copy from pageable
+        memory would first wait for everything queued on the GPU)."""
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        if self.device.type != "cuda":
+            return tensor
+        return tensor.pin_memory().to(self.device, non_blocking=True)
+
     # -- what is laid over: sprites and points, gathered on the host ---------------------------------
     def _marks(self, faces: list, colors: Sequence[Sequence[Color]]) -> _Marks:
         h, w = self.shape
         width, side, radius, center = _panel_layout(h)
         frame_clip, panel_clip = (0, 0, w, h), (w, 0, w + width, h)
+        crop_x = w + (width - side) // 2
+        crop_clip = (crop_x, 0, crop_x + side, side)
+        disc = (w + center[0], center[1])
         marks = _Marks()
         for b, (pairs, palette) in enumerate(zip(faces, colors)):
             results = [f for f, _ in pairs]
             for face in results:
                 m = face_marks(face, self.class_names, (h, w), label=f"#{face.face_id}")
-                marks.pixels(b, *_rectangle(m.box, m.thickness), m.color, frame_clip)
+                marks.rects += [(b, *edge, m.color, frame_clip) for edge in _box_sides(m.box, m.thickness)]
                 marks.sprite(b, m.label, *m.label_at, frame_clip)
-                marks.pixels(b, *disc_points(face.landmarks, m.landmark_radius), LANDMARK_COLOR, frame_clip)
+                marks.dots.append((b, face.landmarks, m.landmark_radius, LANDMARK_COLOR, frame_clip))
                 cx, cy = m.disc_center
-                marks.sprite(b, disc_sprite(m.disc_radius), cx - m.disc_radius - 1, cy - m.disc_radius - 1, frame_clip)
-                dot = circumplex_xy(m.disc_center, m.disc_radius, [face.valence, face.arousal])
-                marks.pixels(b, *disc_points(dot, m.dot_radius), m.color, frame_clip)
+                marks.sprite(b, disc_sprite(m.disc_radius), cx - m.disc_radius - 1, cy - m.disc_radius - 1, frame_clip,
+                             kept=True)
+                marks.dots.append((b, circumplex_xy(m.disc_center, m.disc_radius, [face.valence, face.arousal]),
+                                   m.dot_radius, m.color, frame_clip))
             if not results:
                 text = "no face found"
                 marks.sprite(b, text_sprite(text, 0.7, (255, 80, 80), 2), 10, h - 12 - text_origin(text, 0.7, 2),
-                             frame_clip)
+                             frame_clip, kept=True)
             # The panel: the main face's crop (cut on the device), its landmarks and caption; every face's
             # trail and point on the circumplex.
             caption = "no face"
             if results:
                 face = max(results, key=lambda f: f.box[2] - f.box[0])
                 matrix = np.asarray(face.matrix, np.float64) * (side / CROP_SIZE)
-                crop_lm = face.landmarks @ matrix[:, :2].T + matrix[:, 2] + [w + (width - side) // 2, 0]
-                crop_clip = (w + (width - side) // 2, 0, w + (width - side) // 2 + side, side)
-                marks.pixels(b, *disc_points(crop_lm, 2), LANDMARK_COLOR, crop_clip)
+                crop_lm = face.landmarks @ matrix[:, :2].T + matrix[:, 2] + [crop_x, 0]
+                marks.dots.append((b, crop_lm, 2, LANDMARK_COLOR, crop_clip))
                 caption = (f"#{face.face_id} {self.class_names[face.expression]} "
                            f"{face.probabilities[face.expression]:.2f}")
             marks.sprite(b, text_sprite(caption, 0.5, (255, 255, 255)), w + 8, side + 22 - text_origin(caption, 0.5),
-                         panel_clip)
-            disc = (w + center[0], center[1])
+                         panel_clip, kept=not results)
             for (face, trail), color in zip(pairs, palette):
-                if trail:
-                    xs, ys, seg = _polyline(circumplex_xy(disc, radius, trail))
-                    shade = 0.3 + 0.7 * seg / len(trail)  # older: darker
-                    marks.pixels(b, xs, ys, (np.asarray(color) * shade[:, None]).astype(np.uint8), panel_clip)
-                point = circumplex_xy(disc, radius, [face.valence, face.arousal])
-                marks.pixels(b, *disc_points(point, max(2, radius // 12)), color, panel_clip)
+                if len(trail) > 1:
+                    shade = 0.3 + 0.7 * np.arange(1, len(trail)) / len(trail)  # older: darker
+                    marks.lines.append((b, circumplex_xy(disc, radius, trail),
+                                        (np.asarray(color) * shade[:, None]).astype(np.uint8), panel_clip))
+                marks.dots.append((b, circumplex_xy(disc, radius, [face.valence, face.arousal]), max(2, radius // 12),
+                                   color, panel_clip))
         return marks
 
     @staticmethod
@@ -276,30 +320,41 @@ class VideoCanvas:
         alpha = rgba[..., 3:].to(torch.int32)
         region.copy_(((region.to(torch.int32) * (255 - alpha) + 127) // 255 + rgba[..., :3]).clamp_(0, 255))
 
+    def _kept(self, rgba: np.ndarray) -> torch.Tensor:
+        """The device's copy of a cached sprite (the array is kept alive with it, so its id stays its own)."""
+        entry = self._sprites.get(id(rgba))
+        if entry is None:
+            entry = self._sprites[id(rgba)] = (rgba, torch.from_numpy(np.array(rgba)).to(self.device))
+        return entry[1]
+
     def _lay_sprites(self, canvas: torch.Tensor, sprites: list) -> None:
         if not sprites:
             return
         layers = _layers(sprites)
         order = sorted(range(len(sprites)), key=lambda i: layers[i])  # stable: drawing order within a layer
         parts = [sprites[i] for i in order]
-        counts = np.array([p[3].shape[0] * p[3].shape[1] for p in parts])
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        rgba = np.concatenate([np.ascontiguousarray(p[3]).reshape(-1, 4) for p in parts])
-        meta = np.array([(p[0], p[1], p[2], p[3].shape[1]) for p in parts], np.int64)
-        meta = np.concatenate([meta, starts[:, None]], 1)
-        host = torch.from_numpy(rgba)
-        if self.device.type == "cuda":
-            host = host.pin_memory()
-            meta_t = torch.from_numpy(meta).pin_memory()
-        else:
-            meta_t = torch.from_numpy(meta)
-        data = host.to(self.device, non_blocking=True)
-        meta_t = meta_t.to(self.device, non_blocking=True)
+        counts = np.array([(r1 - r0) * (c1 - c0) for _, _, _, _, (r0, r1, c0, c1), _ in parts])
+        starts = np.cumsum(counts) - counts
+        # The sprites' pixels in drawing order: those drawn for this chunk uploaded in one copy, the
+        # cached ones (discs) cut from the device's copies.
+        fresh = [p[3][r0:r1, c0:c1].reshape(-1, 4) for p in parts if not p[5] for r0, r1, c0, c1 in [p[4]]]
+        uploaded = self._upload(np.concatenate(fresh)) if fresh else None
+        pieces, at = [], 0
+        for _, _, _, rgba, (r0, r1, c0, c1), kept in parts:
+            if kept:
+                pieces.append(self._kept(rgba)[r0:r1, c0:c1].reshape(-1, 4))
+            else:
+                n = (r1 - r0) * (c1 - c0)
+                pieces.append(uploaded[at:at + n])
+                at += n
+        data = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        meta = np.array([(p[0], p[1], p[2], p[4][3] - p[4][2], start, n) for p, start, n in zip(parts, starts, counts)],
+                        np.int64)
+        meta_t = self._upload(meta)
         total = int(counts.sum())
         # Each pixel's sprite, then its place on the canvas (flat index over frames, rows and columns).
-        owner = torch.repeat_interleave(torch.arange(len(parts), device=self.device),
-                                        torch.from_numpy(counts).to(self.device, non_blocking=True), output_size=total)
-        b, x, y, wd, start = meta_t[owner].unbind(1)
+        owner = torch.repeat_interleave(torch.arange(len(parts), device=self.device), meta_t[:, 5], output_size=total)
+        b, x, y, wd, start, _ = meta_t[owner].unbind(1)
         local = torch.arange(total, device=self.device) - start
         ly = torch.div(local, wd, rounding_mode="floor")
         _, height, width, _ = canvas.shape
@@ -314,19 +369,70 @@ class VideoCanvas:
             self._lay(under, data[lo:hi])
             flat[idx] = under
 
-    def _set_points(self, canvas: torch.Tensor, points: list) -> None:
-        if not points:
+    def _set_points(self, canvas: torch.Tensor, marks: _Marks) -> None:
+        """Rectangles, lines and dots turned into pixels on the device, then set in one scatter."""
+        n, height, width, _ = canvas.shape
+        dev = self.device
+        index, packed = [], []
+
+        def place(b, x, y, clip=None):
+            flat = (b * height + y) * width + x
+            if clip is None:
+                return flat
+            inside = (x >= clip[:, 0]) & (x < clip[:, 2]) & (y >= clip[:, 1]) & (y < clip[:, 3])
+            return torch.where(inside, flat, n * height * width)  # outside: the spare pixel past the frames
+
+        rects = _rect_table(marks.rects)
+        if rects is not None and rects[:, 4].sum() > 0:
+            t = self._upload(rects)
+            t = torch.cat([t, torch.cumsum(t[:, 4:5], 0) - t[:, 4:5]], 1)  # + where each one's pixels start
+            owner = torch.repeat_interleave(torch.arange(len(t), device=dev), t[:, 4], output_size=int(rects[:, 4].sum()))
+            b, x0, y0, w, _, r, g, bl, start = t[owner].unbind(1)
+            local = torch.arange(len(owner), device=dev) - start
+            index.append(place(b, x0 + local % w, y0 + torch.div(local, w, rounding_mode="floor")))
+            packed.append(r * 65536 + g * 256 + bl)
+        segments = _segment_table(marks.lines)
+        if segments is not None:
+            counts = segments[:, 4].astype(np.int64)
+            t = self._upload(segments)
+            seg = torch.repeat_interleave(torch.arange(len(t), device=dev), self._upload(counts),
+                                          output_size=int(counts.sum()))
+            rows = torch.cat([t, torch.cumsum(t[:, 4:5], 0) - t[:, 4:5]], 1)[seg]  # + where each one's pixels start
+            along = (torch.arange(len(seg), device=dev, dtype=t.dtype) - rows[:, 11]) / (rows[:, 4] - 1).clamp_(min=1)
+            xy = torch.round(rows[:, 0:2] + rows[:, 2:4] * along[:, None]).long()
+            index.append(place(rows[:, 5].long(), xy[:, 0], xy[:, 1], rows[:, 6:10]))
+            packed.append(rows[:, 10].long())
+        for radius, table in sorted(_dot_tables(marks.dots).items()):
+            t = self._upload(table)
+            dx, dy = self._offsets(radius)
+            x, y = (t[:, 0:1] + dx).reshape(-1), (t[:, 1:2] + dy).reshape(-1)
+            k = len(dx)
+            index.append(place(t[:, 2].repeat_interleave(k), x, y, t[:, 3:7].repeat_interleave(k, 0)))
+            packed.append(t[:, 7].repeat_interleave(k))
+        if not index:
             return
-        _, height, width, _ = canvas.shape
-        index = np.concatenate([(b * height + ys) * width + xs for b, xs, ys, _ in points])
-        colors = np.concatenate([c for _, _, _, c in points])
-        # Where marks overlap, the later one is on top: keep each pixel's last colour (a scatter with
-        # repeated indices would keep any of them).
-        last = len(index) - 1 - np.unique(index[::-1], return_index=True)[1]
-        index, colors = torch.from_numpy(index[last]), torch.from_numpy(np.ascontiguousarray(colors[last]))
-        if self.device.type == "cuda":
-            index, colors = index.pin_memory(), colors.pin_memory()
-        canvas.view(-1, 3)[index.to(self.device, non_blocking=True)] = colors.to(self.device, non_blocking=True)
+        index, packed = torch.cat(index), torch.cat(packed)
+        # Where marks overlap, the later one is on top: every write to a pixel carries the colour of the
+        # last mark there (found by a max over mark numbers), so the scatter's order cannot matter.
+        if self._last is None or self._last.numel() < n * height * width + 1:
+            self._last = torch.empty(n * height * width + 1, dtype=torch.int64, device=dev)
+        order = torch.arange(len(index), device=dev)
+        self._last.index_fill_(0, index, -1)
+        self._last.scatter_reduce_(0, index, order, reduce="amax")
+        winner = packed[self._last[index]]
+        rgb = torch.stack([winner // 65536, winner // 256 % 256, winner % 256], 1).to(torch.uint8)
+        self._flat(canvas)[index] = rgb
+
+    def _offsets(self, radius: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A dot's pixel offsets from its centre, on the device."""
+        if radius not in self._dots:
+            xs, ys = disc_points(np.zeros((1, 2)), radius)
+            self._dots[radius] = (torch.from_numpy(xs).to(self.device), torch.from_numpy(ys).to(self.device))
+        return self._dots[radius]
+
+    def _flat(self, canvas: torch.Tensor) -> torch.Tensor:
+        """The canvas as ``(pixels + 1, 3)``: the last, spare pixel takes the marks that fall outside."""
+        return self._storage.view(-1, 3)[:canvas.shape[0] * canvas.shape[1] * canvas.shape[2] + 1]
 
     # -- to the encoder's pixel format ---------------------------------------------------------------
     def _i420(self, canvas: torch.Tensor) -> torch.Tensor:

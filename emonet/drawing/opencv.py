@@ -48,21 +48,38 @@ def _finish(rgba: np.ndarray) -> np.ndarray:
     return out
 
 
+@lru_cache(maxsize=64)
+def _coverage(color: tuple[int, int, int], under: int = 0) -> np.ndarray:
+    """``(256, 4)``: premultiplied RGBA of ``color`` at each coverage 0-255, over a sprite alpha ``under``."""
+    m = np.arange(256, dtype=np.float64)[:, None] / 255
+    rgba = np.hstack([m * np.asarray(color, np.float64), under + (255 - under) * m])
+    return np.rint(rgba).astype(np.uint8)
+
+
 @lru_cache(maxsize=1024)
 def label_sprite(lines: tuple[tuple[str, tuple[int, int, int]], ...], scale: float, thickness: int) -> np.ndarray:
-    """Lines of coloured text on a darkening box (a face's label)."""
+    """Lines of coloured text on a darkening box (a face's label).
+
+    Made for every frame of a video (the readings change), so cheaply: the lines' coverage is drawn into
+    one mask, and each line's band looked up into colour and alpha.
+    """
     sizes = [cv2.getTextSize(t, FONT, scale, thickness)[0] for t, _ in lines]
     pad, gap = 4, int(8 * scale) + 2
     width = max(w for w, _ in sizes) + 2 * pad
     height = sum(h for _, h in sizes) + gap * (len(lines) - 1) + 2 * pad + int(6 * scale)
-    rgba = np.zeros((height, width, 4), np.float32)
-    rgba[..., 3] = 255 * LABEL_SHADE
-    cy = pad
-    for (text, color), (_, h) in zip(lines, sizes):
+    mask = np.zeros((height, width), np.uint8)
+    rgba = np.empty((height, width, 4), np.uint8)
+    shade = int(round(255 * LABEL_SHADE))
+    cy, top = pad, 0
+    for i, ((text, color), (_, h)) in enumerate(zip(lines, sizes)):
         cy += h
-        _paint(rgba, _text_mask((height, width), text, (pad, cy), scale, thickness), color)
+        cv2.putText(mask, text, (pad, cy), FONT, scale, 255, thickness, cv2.LINE_AA)
+        bottom = height if i == len(lines) - 1 else cy + gap // 2  # this line's band of rows
+        np.take(_coverage(tuple(color), shade), mask[top:bottom], axis=0, out=rgba[top:bottom])
         cy += gap
-    return _finish(rgba)
+        top = bottom
+    rgba.setflags(write=False)  # cached and shared: never drawn on
+    return rgba
 
 
 @lru_cache(maxsize=256)
@@ -73,11 +90,14 @@ def text_sprite(text: str, scale: float, color: tuple[int, int, int], thickness:
     """
     (w, h), base = cv2.getTextSize(text, FONT, scale, thickness)
     shape = (h + base + thickness + 2, w + thickness + 2)
-    rgba = np.zeros((*shape, 4), np.float32)
-    org = (0, h)
-    _paint(rgba, _text_mask(shape, text, (org[0] + 1, org[1] + 1), scale, thickness), (0, 0, 0))
-    _paint(rgba, _text_mask(shape, text, org, scale, thickness), color)
-    return _finish(rgba)
+    shadow = _text_mask(shape, text, (1, h + 1), scale, thickness).astype(np.uint16)
+    words = _text_mask(shape, text, (0, h), scale, thickness).astype(np.uint16)
+    rgba = np.empty((*shape, 4), np.uint8)
+    # The text over its shadow (premultiplied: the black shadow adds alpha only).
+    rgba[..., :3] = (words[..., None] * np.asarray(color, np.uint16) + 127) // 255
+    rgba[..., 3] = shadow + ((255 - shadow) * words + 127) // 255
+    rgba.setflags(write=False)
+    return rgba
 
 
 def text_origin(text: str, scale: float, thickness: int = 1) -> int:

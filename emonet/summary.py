@@ -5,6 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
@@ -136,6 +143,82 @@ class VideoSummary:
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=100)
         write_bytes(path, buffer.getvalue())
+
+
+class PlotProcess:
+    """Plots drawn by a process of its own, one after the other, while the caller goes on.
+
+    A plot holds the GIL for a tenth of a second or more (matplotlib is Python): in a collection, drawn
+    between videos, it left the GPU idle each time. The process imports NumPy and matplotlib only.
+    ``submit`` hands a summary over (pickled: the process is this one's own child); :meth:`wait` returns
+    once every plot is written, with the paths whose plot failed and why.
+    """
+
+    def __init__(self) -> None:
+        self._proc: Optional[subprocess.Popen] = None
+        self._reader: Optional[threading.Thread] = None
+        self._failed: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, summary: VideoSummary, path: Union[str, Path]) -> None:
+        """Plot ``summary`` into ``path`` (atomically, as :meth:`VideoSummary.plot`)."""
+        if self._proc is None:
+            root = str(Path(__file__).resolve().parents[1])  # the package, wherever it is installed
+            code = f"import sys; sys.path.insert(0, {root!r}); from emonet.summary import _serve_plots; _serve_plots()"
+            self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            self._reader = threading.Thread(target=self._listen, name="emonet-plots", daemon=True)
+            self._reader.start()
+        data = pickle.dumps((summary, str(path)), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            self._proc.stdin.write(struct.pack(">I", len(data)) + data)
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self._fail(str(path), f"the plotting process ended unexpectedly (exit code {self._proc.poll()})")
+
+    def _listen(self) -> None:
+        for raw in self._proc.stdout:
+            kind, _, rest = raw.decode(errors="replace").rstrip("\n").partition(" ")
+            if kind == "E":
+                path, _, message = rest.partition("\t")
+                self._fail(path, message)
+
+    def _fail(self, path: str, message: str) -> None:
+        with self._lock:
+            self._failed.setdefault(path, message)
+
+    def wait(self) -> dict[str, str]:
+        """Let every plot handed over be written; ``{path: why}`` for those that failed."""
+        if self._proc is not None:
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass
+            self._reader.join()
+            if self._proc.wait() != 0:
+                self._fail("", f"the plotting process ended unexpectedly (exit code {self._proc.returncode})")
+            self._proc = None
+        return dict(self._failed)
+
+
+def _serve_plots() -> None:
+    """The plotting process of :class:`PlotProcess`: plots from stdin, a line ``E path<TAB>why`` per failure.
+
+    It ignores Ctrl-C: the parent, which sees it too, closes its stdin, and the plots handed over are
+    finished.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stdin, out = sys.stdin.buffer, sys.stdout
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    while True:
+        header = stdin.read(4)
+        if len(header) < 4:
+            return
+        summary, path = pickle.loads(stdin.read(struct.unpack(">I", header)[0]))
+        try:
+            summary.plot(path)
+        except Exception as exc:  # reported as that video's error; the others go on
+            out.write(f"E {path}\t{type(exc).__name__}: {exc}".replace("\n", " ") + "\n")
+            out.flush()
 
 
 def _r(value: float) -> float:

@@ -37,3 +37,18 @@ def test_a_video_without_faces_still_has_a_plot(tmp_path):
     assert summary.faces() == [] and summary.to_dict()["frames"] == 10
     summary.plot(tmp_path / "empty.png")
     assert read_image(tmp_path / "empty.png").shape[0] == round(100 * (1.2 + 2.6))
+
+
+def test_plots_drawn_by_a_process_of_their_own_are_the_same_and_failures_are_reported(tmp_path):
+    from emonet.summary import PlotProcess
+
+    summary = VideoSummary("clip.mp4", class_names(8), fps=25.0)
+    for k in range(50):
+        summary.add(k / 25.0, [_face(0, k)])
+    summary.plot(tmp_path / "here.png")
+    plots = PlotProcess()
+    plots.submit(summary, tmp_path / "there.png")
+    plots.submit(summary, tmp_path / "missing" / "folder.png")
+    failed = plots.wait()
+    assert list(failed) == [str(tmp_path / "missing" / "folder.png")]
+    assert np.array_equal(read_image(tmp_path / "there.png"), read_image(tmp_path / "here.png"))

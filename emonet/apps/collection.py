@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..io.images import InputError, check_writable_dir
-from ..summary import VideoSummary, write_summary_csv
+from ..summary import PlotProcess, VideoSummary, write_summary_csv
 from ..timing import StartupClock
 from .video import LazyPipeline, Outputs, analyse, open_reader
 
@@ -163,8 +163,10 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     frames = 0
     wall0 = time.perf_counter()
     analysis_seconds = 0.0
-    # The next video's reader opens (and starts decoding) while this one is analysed.
+    # The next video's reader opens (and starts decoding) while this one is analysed, and the last one's
+    # plot is drawn by a process of its own.
     ahead = _Ahead(args) if mine else None
+    plots = PlotProcess()
     if ahead is not None:
         ahead.open(mine[0])
     for n, video in enumerate(mine, 1):
@@ -175,13 +177,14 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
         try:
             reader = opening.result()
             run = _one(args, video, paths, get_pipeline, f"[{n}/{len(mine)}] {video.name}",
-                       startup if get_pipeline.pipeline is None else None, reader)
+                       startup if get_pipeline.pipeline is None else None, reader, plots)
         except InputError as exc:  # one line; the others go on
             errors[str(video)] = str(exc)
             print(f"error: {exc}", file=err)
             continue
         except KeyboardInterrupt:
             ahead.close()
+            plots.wait()
             raise
         if run.interrupted:
             print("interrupted: the video being processed is left incomplete (a rerun redoes it)", file=err)
@@ -190,6 +193,11 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
         analysis_seconds += run.wall
     if ahead is not None:
         ahead.close()
+    for path, why in plots.wait().items():  # a failed plot: that video's outputs are incomplete
+        video = next((str(v) for v in mine if str(output_paths(out_dir, v, args.output_videos)["plot"]) == path),
+                     path or "a video")
+        errors[video] = f"{video}: the plot could not be written ({why})"
+        print(f"error: {errors[video]}", file=err)
     wall = time.perf_counter() - wall0
     if mine and get_pipeline.pipeline is not None:
         print(f"rank {dist.rank}: " if dist.world > 1 else "", end="", file=err)
@@ -257,8 +265,9 @@ def _complete(paths: dict[str, Path]) -> bool:
 
 
 def _one(args: argparse.Namespace, video: Path, paths: dict[str, Path], get_pipeline, desc: str,
-         startup: Optional[StartupClock] = None, reader=None):
-    """One video into its outputs; the summary and plot are written only after the rows are complete."""
+         startup: Optional[StartupClock] = None, reader=None, plots: Optional[PlotProcess] = None):
+    """One video into its outputs; the summary and plot are written only after the rows are complete (the
+    plot by ``plots``, if given)."""
     summary = VideoSummary(str(video), [], 0.0)
 
     def pipeline_for(shape: tuple, frames: Optional[int] = None):
@@ -275,5 +284,8 @@ def _one(args: argparse.Namespace, video: Path, paths: dict[str, Path], get_pipe
         raise InputError(f"{video}: no frame could be read (empty, corrupt, or a codec OpenCV cannot decode)")
     summary.fps = run.job.reader.fps
     summary.write_json(paths["summary"])
-    summary.plot(paths["plot"])
+    if plots is not None:
+        plots.submit(summary, paths["plot"])
+    else:
+        summary.plot(paths["plot"])
     return run

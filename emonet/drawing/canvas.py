@@ -226,8 +226,7 @@ class VideoCanvas:
             self._storage = torch.zeros(len(images) * height * width * 3 + 3, dtype=torch.uint8, device=self.device)
             self._canvas = self._storage[:-3].view(len(images), height, width, 3)
         canvas = self._canvas
-        for b, image in enumerate(images):
-            canvas[b, :h, :w].copy_(image)
+        canvas[:, :h, :w] = torch.stack(images) if len(images) > 1 else images[0]  # two copies, not one per frame
         canvas[:, :h, w:w + self._background.shape[1]] = self._background
         return canvas
 
@@ -250,8 +249,10 @@ class VideoCanvas:
         source = torch.stack([images[b] for b in which]).permute(0, 3, 1, 2).float()
         crops = F.grid_sample(source, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
         crops = crops.round_().clamp_(0, 255).byte().permute(0, 2, 3, 1)
-        for k, b in enumerate(which):
-            canvas[b, :side, x0:x0 + side].copy_(crops[k])
+        if len(which) == len(images):
+            canvas[:, :side, x0:x0 + side] = crops
+        else:
+            canvas[self._upload(np.array(which)), :side, x0:x0 + side] = crops
 
     def _pixels(self, side: int) -> torch.Tensor:
         """``(side, side, 3)``: each crop pixel's ``(u, v, 1)``, kept on the device."""

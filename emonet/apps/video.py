@@ -397,8 +397,8 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                      help="h264 (default: yuv420p, index at the front, plays in browsers and players; needs "
                           "PyAV) or mp4v (MPEG-4 Part 2 through OpenCV, for setups without PyAV)")
     out.add_argument("--video-workers", type=int, default=None, metavar="N",
-                     help="processes that encode the annotated video, each a segment at a time (default: 2 "
-                          "from 12 cores on, else 1; mp4v: 1)")
+                     help="processes that encode the annotated video, each a segment at a time (default: 1, "
+                          "with x264's frame threads on half the cores; mp4v: 1)")
     out.add_argument("--csv", metavar="FILE", help="one row per face per frame (a frame with no face: one row "
                                                    "with empty values)")
     out.add_argument("--jsonl", metavar="FILE", help="the same rows as JSON lines")

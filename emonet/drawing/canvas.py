@@ -440,11 +440,12 @@ class VideoCanvas:
         n, height, width, _ = canvas.shape
         rgb = canvas.float()
         out = torch.empty((n, height * width * 3 // 2), dtype=torch.uint8, device=self.device)
-        luma = rgb @ self._yuv[:, 0] + self._offset[0]
+        # Weighted sums, not matrix products: those may run in TF32, a level off here and there.
+        luma = (rgb * self._yuv[:, 0]).sum(-1) + self._offset[0]
         out[:, :height * width].view(n, height, width).copy_(luma.round_().clamp_(0, 255))
         # Chroma from each 2x2 block's mean colour.
         mean = rgb.view(n, height // 2, 2, width // 2, 2, 3).mean((2, 4))
-        chroma = (mean @ self._yuv[:, 1:] + self._offset[1:]).round_().clamp_(0, 255)
+        chroma = ((mean[..., None] * self._yuv[:, 1:]).sum(-2) + self._offset[1:]).round_().clamp_(0, 255)
         quarter = height * width // 4
         out[:, height * width:height * width + quarter].view(n, height // 2, width // 2).copy_(chroma[..., 0])
         out[:, height * width + quarter:].view(n, height // 2, width // 2).copy_(chroma[..., 1])

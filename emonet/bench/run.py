@@ -348,9 +348,11 @@ def video_benchmark(clip: Optional[str], device: str, engines: list[str], repeat
         script = ["-m", "emonet.apps.video"]
         runs = [(f"demo_video.py --no-video --engine {e}", ["--no-video", "--csv", str(Path(tmp) / "f.csv"),
                                                            "--engine", e]) for e in engines]
-        for codec in ("h264", "mp4v"):
-            runs.append((f"demo_video.py --output (annotated video) --codec {codec} --engine {engines[0]}",
-                         ["--output", str(Path(tmp) / f"o-{codec}.mp4"), "--codec", codec, "--engine", engines[0]]))
+        for codec, workers in (("h264", 1), ("h264", 2), ("mp4v", 1)):
+            runs.append((f"demo_video.py --output (annotated video) --codec {codec} --video-workers {workers} "
+                         f"--engine {engines[0]}",
+                         ["--output", str(Path(tmp) / f"o-{codec}.mp4"), "--codec", codec, "--video-workers",
+                          str(workers), "--engine", engines[0]]))
         notes = []
         for label, args in runs:
             cmd = [sys.executable, *script, "--video", str(path), "--weights", "random", "--device", device, *args]
@@ -359,7 +361,7 @@ def video_benchmark(clip: Optional[str], device: str, engines: list[str], repeat
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 m = re.search(r"([\d.]+) frames/s end to end", proc.stderr)
                 rates.append(float(m.group(1)) if m else float("nan"))
-                for pattern in (r"engine warm-up.*", r"time per frame by stage.*"):
+                for pattern in (r"engine warm-up.*", r"time per frame by stage.*", r"CPU-seconds:.*"):
                     line = re.search(pattern, proc.stderr)
                     if line:
                         notes.append(f"{label}, run {len(rates)}: {line.group(0)}")

@@ -75,6 +75,7 @@ class AnnotatedVideoWriter:
         self._size: Optional[tuple[int, int]] = None
         self._parts: Optional[Path] = None
         self._slot_file: Optional[Path] = None
+        self._mapped = 0  # encoder processes that have mapped the slot file
         self._slots: list[torch.Tensor] = []
         self._registered: Optional[int] = None
         self._handoff: "queue.Queue[Optional[tuple]]" = queue.Queue()
@@ -148,6 +149,12 @@ class AnnotatedVideoWriter:
             kind, _, rest = raw.decode(errors="replace").rstrip("\n").partition(" ")
             if kind == "R":
                 self._free.put(int(rest))
+            elif kind == "O":
+                with self._lock:
+                    self._mapped += 1
+                    if self._mapped == self.workers and self._slot_file is not None:
+                        # Every process holds it mapped: nothing is left behind, however they end.
+                        self._slot_file.unlink(missing_ok=True)
             elif kind == "S":
                 frames, path = rest.split(" ", 1)
                 with self._lock:

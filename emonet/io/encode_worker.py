@@ -13,7 +13,8 @@ is this process's own creator: nothing else writes there):
   finishes the previous one: the parent's segments);
 - ``("end",)``: finish the open file and exit.
 
-The child answers one text line each on stdout: ``R slot`` (the slot may be reused), ``S frames path``
+The child answers one text line each on stdout: ``O`` (the slot file is mapped), ``R slot`` (the slot may
+be reused), ``S frames path``
 (a file is finished), ``T encode user system`` (seconds spent encoding, and the process's CPU seconds,
 x264's threads included, at the end), ``E message`` (a failure; later frames are then only released).
 It ignores Ctrl-C: the parent, which sees it too, ends the run by sending ``end``, so every frame handed
@@ -74,6 +75,7 @@ def main() -> int:
             whole = np.frombuffer(memory, np.uint8)
             w, h = spec["size"]
             slots = [whole[i * spec["slot_bytes"]:][: w * h * 3 // 2] for i in range(spec["slots"])]
+            say("O")  # mapped: the parent may remove the file's name
         elif kind == "frame":
             _, path, slot, index = message
             if failed:

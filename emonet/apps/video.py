@@ -230,6 +230,27 @@ def _raise_interrupt(signum, frame):  # SIGTERM ends a run like Ctrl-C: outputs 
     raise KeyboardInterrupt
 
 
+class _StopAfterChunk:
+    """While frames flow: the first Ctrl-C or SIGTERM asks the run to stop once the chunk in hand is written
+    everywhere (a frame is then in every output or in none); a second one stops at once."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    def _ask(self, signum, frame) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
+
+    def __enter__(self) -> "_StopAfterChunk":
+        self._previous = {s: signal.signal(s, self._ask) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
 @dataclass
 class VideoRun:
     """How one video's run ended."""
@@ -291,20 +312,25 @@ def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipelin
         # Software-pipelined: chunk n's detection is queued, chunk n - 1's EmoNet results are read while it
         # runs (their landmarks place chunk n's crops), then chunk n is tracked, cropped and queued.
         pending = None
-        for chunk in _chunks(reader, args.batch_size):
-            flags, boxes = job.detect(chunk)
-            if pending is not None:
+        with _StopAfterChunk() as stop:
+            for chunk in _chunks(reader, args.batch_size):
+                flags, boxes = job.detect(chunk)
+                if pending is not None:
+                    job.finish(pending)
+                    if startup is not None:
+                        startup.mark("first frames")
+                    bar.update(len(pending.frames))
+                    bar.set_postfix(faces=job.faces, refresh=False)
+                if stop.asked:  # the chunk only queued is dropped: it is in no output
+                    pending, interrupted = None, True
+                    break
+                pending = job.launch(chunk, flags, boxes)
+            if pending is not None and not stop.asked:
                 job.finish(pending)
                 if startup is not None:
                     startup.mark("first frames")
                 bar.update(len(pending.frames))
-                bar.set_postfix(faces=job.faces, refresh=False)
-            pending = job.launch(chunk, flags, boxes)
-        if pending is not None:
-            job.finish(pending)
-            if startup is not None:
-                startup.mark("first frames")
-            bar.update(len(pending.frames))
+            interrupted = interrupted or stop.asked
         bar.close()
     except KeyboardInterrupt:
         interrupted = True

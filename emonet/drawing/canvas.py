@@ -8,7 +8,8 @@ host. A chunk of frames is drawn at once, in a fixed number of tensor operations
 - *sprites* (labels, circumplex discs, captions: :mod:`.opencv` draws and caches them) are packed into one
   buffer, uploaded once, and laid over the frames by one gather, blend and scatter per layer (sprites
   that overlap go to separate layers, so the later one is on top, as when drawn one by one);
-- *points* (boxes, landmarks, trails and dots) are one scatter of pixels and colours;
+- *marks* (boxes' sides, trails, landmarks and dots) go up as rectangles, segments and dot centres, the
+  device turns them into pixels, and one scatter sets them (the later mark on top where they overlap);
 - the panel's crops are one ``grid_sample`` from the frames.
 """
 from __future__ import annotations

@@ -6,9 +6,7 @@ import csv
 import io
 import json
 import os
-import pickle
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -18,6 +16,7 @@ from typing import Iterable, Optional, Sequence, Union
 
 import numpy as np
 
+from .io import ipc
 from .io.atomic import write_bytes, write_text
 from .results import FaceResult
 
@@ -168,10 +167,8 @@ class PlotProcess:
             self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._reader = threading.Thread(target=self._listen, name="emonet-plots", daemon=True)
             self._reader.start()
-        data = pickle.dumps((summary, str(path)), protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            self._proc.stdin.write(struct.pack(">I", len(data)) + data)
-            self._proc.stdin.flush()
+            ipc.send(self._proc.stdin, (summary, str(path)))
         except (BrokenPipeError, OSError):
             self._fail(str(path), f"the plotting process ended unexpectedly (exit code {self._proc.poll()})")
 
@@ -207,13 +204,9 @@ def _serve_plots() -> None:
     finished.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    stdin, out = sys.stdin.buffer, sys.stdout
+    out = sys.stdout
     os.environ.setdefault("MPLBACKEND", "Agg")
-    while True:
-        header = stdin.read(4)
-        if len(header) < 4:
-            return
-        summary, path = pickle.loads(stdin.read(struct.unpack(">I", header)[0]))
+    for summary, path in ipc.messages(sys.stdin.buffer):
         try:
             summary.plot(path)
         except Exception as exc:  # reported as that video's error; the others go on

@@ -226,27 +226,26 @@ class VideoJob:
         return video
 
 
-def _raise_interrupt(signum, frame):  # SIGTERM ends a run like Ctrl-C: outputs are finished, not lost
-    raise KeyboardInterrupt
-
-
-class _StopAfterChunk:
-    """While frames flow: the first Ctrl-C or SIGTERM asks the run to stop once the chunk in hand is written
-    everywhere (a frame is then in every output or in none); a second one stops at once."""
+class _Stop:
+    """Ctrl-C or SIGTERM during a run (SIGTERM as Ctrl-C: outputs are finished, not lost). Until frames
+    flow, it stops at once; while they do (``flowing``), the first asks the run to stop once the chunk in
+    hand is written everywhere (a frame is then in every output or in none), and a second stops at once."""
 
     def __init__(self) -> None:
-        self.asked = False
+        self.flowing = self.asked = False
 
     def _ask(self, signum, frame) -> None:
-        if self.asked:
+        if self.asked or not self.flowing:
             raise KeyboardInterrupt
         self.asked = True
 
-    def __enter__(self) -> "_StopAfterChunk":
+    def install(self) -> "_Stop":
+        """Take over Ctrl-C and SIGTERM (from the main thread)."""
         self._previous = {s: signal.signal(s, self._ask) for s in (signal.SIGINT, signal.SIGTERM)}
         return self
 
-    def __exit__(self, *exc) -> None:
+    def restore(self) -> None:
+        """Give them back to their previous handlers."""
         for s, handler in self._previous.items():
             signal.signal(s, handler)
 
@@ -290,14 +289,13 @@ def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipelin
         reader = open_reader(args, source)
     job = None
     interrupted = False
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    stop = _Stop().install()
     # With the networks on a GPU, this process's CPU tensor work (the detector's box decoding) is small;
     # torch's default of a thread per core only competes with FFmpeg's decoding threads for the CPU.
     threads = torch.get_num_threads()
     if reader.device is not None:
         torch.set_num_threads(min(4, threads))
     wall0 = time.perf_counter()
-    cpu0 = _cpu_seconds()
     try:
         height, width, _ = reader.frame_shape
         if startup is not None:
@@ -305,37 +303,37 @@ def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipelin
         pipeline = get_pipeline((height or 720, width or 1280, 3), reader.expected_frames)  # cameras may not say
         if startup is not None:
             startup.mark("model, engine and warm-up")
+        cpu0 = _cpu_seconds()  # before the job exists: its encoders' CPU is counted from here
         job = VideoJob(args, pipeline, reader, outputs)
         wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
-        cpu0 = _cpu_seconds()
         bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True, desc=desc)
+
+        def finish(done: PendingChunk) -> None:
+            job.finish(done)
+            if startup is not None:
+                startup.mark("first frames")
+            bar.update(len(done.frames))
+            bar.set_postfix(faces=job.faces, refresh=False)
+
         # Software-pipelined: chunk n's detection is queued, chunk n - 1's EmoNet results are read while it
         # runs (their landmarks place chunk n's crops), then chunk n is tracked, cropped and queued.
         pending = None
-        with _StopAfterChunk() as stop:
-            for chunk in _chunks(reader, args.batch_size):
-                flags, boxes = job.detect(chunk)
-                if pending is not None:
-                    job.finish(pending)
-                    if startup is not None:
-                        startup.mark("first frames")
-                    bar.update(len(pending.frames))
-                    bar.set_postfix(faces=job.faces, refresh=False)
-                if stop.asked:  # the chunk only queued is dropped: it is in no output
-                    pending, interrupted = None, True
-                    break
-                pending = job.launch(chunk, flags, boxes)
-            if pending is not None and not stop.asked:
-                job.finish(pending)
-                if startup is not None:
-                    startup.mark("first frames")
-                bar.update(len(pending.frames))
-            interrupted = interrupted or stop.asked
+        stop.flowing = True
+        for chunk in _chunks(reader, args.batch_size):
+            flags, boxes = job.detect(chunk)
+            if pending is not None:
+                finish(pending)
+            if stop.asked:  # the chunk only queued is dropped: it is in no output
+                break
+            pending = job.launch(chunk, flags, boxes)
+        if pending is not None and not stop.asked:
+            finish(pending)
+        interrupted = stop.asked
         bar.close()
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        stop.restore()
         torch.set_num_threads(threads)
         reader.close()
         video = job.close() if job else None

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..results import CROP_SIZE, FaceResult
-from .opencv import (banner_sprite, circumplex_xy, disc_points, disc_sprite, face_marks, lay, text_origin,
+from .opencv import (banner_sprite, circumplex_xy, disc_points, disc_sprite, face_marks, lay, no_face, text_origin,
                      text_sprite)
 
 LANDMARK_COLOR = (0, 255, 255)
@@ -292,9 +292,7 @@ class VideoCanvas:
                 marks.dots.append((b, circumplex_xy(m.disc_center, m.disc_radius, [face.valence, face.arousal]),
                                    m.dot_radius, m.color, frame_clip))
             if not results:
-                text = "no face found"
-                marks.sprite(b, text_sprite(text, 0.7, (255, 80, 80), 2), 10, h - 12 - text_origin(text, 0.7, 2),
-                             frame_clip, kept=True)
+                marks.sprite(b, *no_face(h), frame_clip, kept=True)
             # The panel: the main face's crop (cut on the device), its landmarks and caption; every face's
             # trail and point on the circumplex.
             caption = "no face"

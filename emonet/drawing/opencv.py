@@ -56,7 +56,7 @@ def _coverage(color: tuple[int, int, int], under: int = 0) -> np.ndarray:
     return np.rint(rgba).astype(np.uint8)
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=256)  # a label is tens of kB; most differ from frame to frame
 def label_sprite(lines: tuple[tuple[str, tuple[int, int, int]], ...], scale: float, thickness: int) -> np.ndarray:
     """Lines of coloured text on a darkening box (a face's label).
 
@@ -236,6 +236,12 @@ def banner_sprite(text: str, width: int) -> np.ndarray:
     return strip
 
 
+def no_face(height: int) -> tuple[np.ndarray, int, int]:
+    """The "no face found" sprite of an image ``height`` high, and where its corner goes."""
+    text = "no face found"
+    return text_sprite(text, 0.7, (255, 80, 80), 2), 10, height - 12 - text_origin(text, 0.7, 2)
+
+
 def annotate(image: np.ndarray, faces: Sequence[FaceResult], class_names: Sequence[str],
              banner: Optional[str] = None, labels: Optional[Sequence[str]] = None) -> np.ndarray:
     """A copy of ``image`` (RGB) with every face drawn; ``labels`` name the faces (default #0, #1, ...)."""
@@ -244,8 +250,7 @@ def annotate(image: np.ndarray, faces: Sequence[FaceResult], class_names: Sequen
         label = labels[i] if labels is not None else (f"#{i}" if len(faces) > 1 else None)
         draw_face(out, face, class_names, label=label)
     if not faces:
-        text = "no face found"
-        lay(out, text_sprite(text, 0.7, (255, 80, 80), 2), 10, out.shape[0] - 12 - text_origin(text, 0.7, 2))
+        lay(out, *no_face(out.shape[0]))
     if banner:
         lay(out, banner_sprite(banner, out.shape[1]), 0, 0)
     return out

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import mmap
 import os
-import pickle
 import queue
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -27,6 +25,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
+from . import ipc
 from .images import InputError
 from .writer import check_video_name, join_segments
 
@@ -101,10 +100,8 @@ class AnnotatedVideoWriter:
         self._memory = mmap.mmap(fd, 0)
         os.close(fd)
         whole = np.frombuffer(self._memory, np.uint8)
-        if device.type == "cuda":
-            # Page-locked, the frames come back from the GPU asynchronously, like torch's pinned memory.
-            if int(torch.cuda.cudart().cudaHostRegister(whole.ctypes.data, len(whole), 0)) == 0:
-                self._registered = whole.ctypes.data
+        if device.type == "cuda":  # page-locked, the frames come back from the GPU asynchronously
+            self._registered = ipc.pin(whole)
         self._slots = [torch.from_numpy(whole[i * slot_bytes:(i + 1) * slot_bytes]) for i in range(slots)]
         for i in range(slots):
             self._free.put(i)
@@ -125,10 +122,8 @@ class AnnotatedVideoWriter:
         self._sender.start()
 
     def _send(self, k: int, message: tuple) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            self._procs[k].stdin.write(struct.pack(">I", len(data)) + data)
-            self._procs[k].stdin.flush()
+            ipc.send(self._procs[k].stdin, message)
         except (BrokenPipeError, OSError):
             self._fail(f"an encoding process ended unexpectedly (exit code {self._procs[k].poll()})")
 
@@ -231,9 +226,8 @@ class AnnotatedVideoWriter:
         if self._slot_file is not None:
             self._slot_file.unlink(missing_ok=True)
             self._slots = []
-            if self._registered is not None:
-                torch.cuda.cudart().cudaHostUnregister(self._registered)
-                self._registered = None
+            ipc.unpin(self._registered)
+            self._registered = None
             try:
                 self._memory.close()
             except BufferError:

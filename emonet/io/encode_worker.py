@@ -4,8 +4,8 @@ Run as a script (``python encode_worker.py``), so it imports OpenCV, NumPy and P
 starts in a fraction of a second. Encoding in a process of its own keeps PyAV's per-frame Python work
 (wrapping each frame for FFmpeg) off the analysing process's GIL; x264's threads do the rest.
 
-Protocol. The parent writes messages on stdin, each a 4-byte big-endian length and a pickle (the parent
-is this process's own creator: nothing else writes there):
+Protocol. The parent writes messages on stdin (:mod:`.ipc`'s length-prefixed pickles; the parent is this
+process's own creator: nothing else writes there):
 
 - ``("open", spec)``: the slot file to map, slot count and size, frame size, frame rate, codec, encoder
   threads;
@@ -23,22 +23,11 @@ over is kept.
 from __future__ import annotations
 
 import mmap
-import pickle
 import resource
 import signal
-import struct
 import sys
 import time
 from pathlib import Path
-
-
-def _messages(stream):
-    while True:
-        header = stream.read(4)
-        if len(header) < 4:
-            return
-        (size,) = struct.unpack(">I", header)
-        yield pickle.loads(stream.read(size))
 
 
 def main() -> int:
@@ -46,6 +35,7 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the package, wherever it is installed
     import numpy as np
 
+    from emonet.io.ipc import messages
     from emonet.io.writer import VideoWriter
 
     out = sys.stdout
@@ -66,7 +56,7 @@ def main() -> int:
             if path is not None:
                 say(f"S {frames} {path}")
 
-    for message in _messages(sys.stdin.buffer):
+    for message in messages(sys.stdin.buffer):
         kind = message[0]
         if kind == "open":
             spec = message[1]

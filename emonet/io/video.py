@@ -21,6 +21,7 @@ import cv2
 import numpy as np
 import torch
 
+from . import ipc
 from .images import InputError
 
 # FFmpeg's own messages ("moov atom not found", ...) would precede our one-line errors; OpenCV reads
@@ -103,11 +104,8 @@ class _Decoder:
             whole = np.frombuffer(self.memory, dtype=np.uint8)
             size = len(whole) // int(slots)
             self.slot_views = [whole[i * size:(i + 1) * size] for i in range(int(slots))]
-            if pin:
-                # Page-locked, a slot uploads asynchronously, like torch's own pinned memory.
-                address = whole.ctypes.data
-                if int(torch.cuda.cudart().cudaHostRegister(address, len(whole), 0)) == 0:
-                    self._registered = address
+            if pin:  # page-locked, a slot uploads asynchronously
+                self._registered = ipc.pin(whole)
 
     def _line(self) -> str:
         return self.process.stdout.readline().decode(errors="replace").rstrip("\n") or "?"
@@ -158,9 +156,8 @@ class _Decoder:
                 pipe.close()
             except OSError:  # BrokenPipe flushing stdin
                 pass
-        if self._registered is not None:
-            torch.cuda.cudart().cudaHostUnregister(self._registered)
-            self._registered = None
+        ipc.unpin(self._registered)
+        self._registered = None
         self.slot_views = []
         if self.memory is not None:
             try:

@@ -42,6 +42,20 @@ def test_segments_join_into_one_video_with_every_frame_in_order(tmp_path, worker
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mp4"]  # no segment or partial file left
 
 
+def test_chunks_larger_than_the_ring_and_wrapping_round_it_keep_every_frame_in_order(tmp_path):
+    writer = AnnotatedVideoWriter(tmp_path / "a.mp4", 25.0, workers=1)
+    levels = [16 + (37 * i) % 220 for i in range(100)]  # neighbours far apart: a swap would show
+    for start in (0, 50):  # the ring holds 64 frames of this size: the second chunk wraps round it
+        writer.put(range(start, start + 50), torch.stack([i420(levels[i]) for i in range(start, start + 50)]), SIZE)
+    assert writer.close() == tmp_path / "a.mp4"
+    with av.open(str(tmp_path / "a.mp4")) as container:
+        means = [int(f.to_ndarray(format="rgb24").mean()) for f in container.decode(video=0)]
+    assert len(means) == 100 and all(abs(m - level) <= 3 for m, level in zip(means, levels))
+    writer = AnnotatedVideoWriter(tmp_path / "b.mp4", 25.0, workers=1)
+    writer.put(range(150), torch.stack([i420(levels[i % 100]) for i in range(150)]), SIZE)  # > the ring at once
+    assert writer.close() == tmp_path / "b.mp4" and probe(tmp_path / "b.mp4")["frames"] == 150
+
+
 def test_no_frame_leaves_no_file_and_bad_names_and_sizes_are_refused(tmp_path):
     assert AnnotatedVideoWriter(tmp_path / "a.mp4", 25.0).close() is None
     assert not list(tmp_path.iterdir())

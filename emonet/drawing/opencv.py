@@ -168,17 +168,18 @@ def face_marks(face: FaceResult, class_names: Sequence[str], shape: tuple[int, .
     x1, y1, x2, y2 = (int(round(v)) for v in face.box)
     size = max(x2 - x1, y2 - y1, 1)
     thick = max(1, size // 120)
-    fs = round(float(np.clip(size / 250, 0.5, 1.2)), 2)  # rounded: sprites of nearby sizes are shared
+    # Plain min/max, not np.clip: this runs for every face of every drawn frame.
+    fs = round(min(max(size / 250, 0.5), 1.2), 2)  # rounded: sprites of nearby sizes are shared
     name, p = class_names[face.expression], face.probabilities[face.expression]
     lines = ((f"{label + ' ' if label else ''}{name} {p:.2f}", color),
              (f"V {face.valence:+.2f}  A {face.arousal:+.2f}", (255, 255, 255)))
     sprite = label_sprite(lines, fs, thick)
     h, w = shape[:2]
-    lx = int(np.clip(x1, 0, max(0, w - sprite.shape[1])))
+    lx = min(max(x1, 0), max(0, w - sprite.shape[1]))
     ly = y1 - sprite.shape[0] if y1 - sprite.shape[0] >= 0 else y1  # above the box, else below its top
-    radius = int(np.clip(size * 0.25, 18, 90))
+    radius = int(min(max(size * 0.25, 18), 90))
     cx = x2 + radius + 6 if x2 + 2 * radius + 6 < w else max(radius, x1 - radius - 6)
-    cy = int(np.clip(y1 + radius, radius, h - radius - 1))
+    cy = min(max(y1 + radius, radius), h - radius - 1)
     return FaceMarks(color, (x1, y1, x2, y2), thick, sprite, (lx, ly), max(1, size // 100), (cx, cy), radius)
 
 

@@ -1,10 +1,10 @@
 """The annotated video's encoding: I420 frames handed to encoder processes, in segments side by side.
 
 The frames come drawn and converted (:class:`emonet.drawing.VideoCanvas`, on the GPU where there is one).
-Each is copied into a slot of a shared-memory file, straight from the GPU where there is one (the file
-is page-locked, so the copy runs while the next chunk is analysed), and a message naming the slot goes
-to an encoder process (:mod:`.encode_worker`), which wraps it for libx264 and hands it over; x264's own
-threads encode. With one encoder the output file is written directly; with several, the video is cut
+A chunk is copied into consecutive slots of a shared-memory file used as a ring, in one copy (two where
+it wraps), straight from the GPU where there is one (the file is page-locked, so the copy runs while the
+next chunk is analysed), and one message naming the slots goes to each encoder process concerned
+(:mod:`.encode_worker`), which wraps each frame for libx264 and hands it over; x264's own threads encode. With one encoder the output file is written directly; with several, the video is cut
 into segments, handed out in turn, each encoded on its own (starting with a key frame), and on close the
 segments are joined, packets copied in order with their timestamps, into one file whose index is at the
 front.
@@ -67,7 +67,9 @@ class AnnotatedVideoWriter:
         self.cpu_seconds = {"user": 0.0, "system": 0.0}  # the encoders', as they report at the end
         self._procs: list[subprocess.Popen] = []
         self._readers: list[threading.Thread] = []
-        self._free: "queue.Queue[int]" = queue.Queue()
+        self._busy: list[bool] = []  # per slot of the ring: handed to an encoder, not yet given back
+        self._released = threading.Condition()
+        self._next = 0  # the ring's next slot
         self._segments: list[tuple[int, str]] = []   # (frames, path) as the encoders finish them
         self._errors: list[str] = []
         self._lock = threading.Lock()
@@ -75,7 +77,7 @@ class AnnotatedVideoWriter:
         self._parts: Optional[Path] = None
         self._slot_file: Optional[Path] = None
         self._mapped = 0  # encoder processes that have mapped the slot file
-        self._slots: list[torch.Tensor] = []
+        self._ring: Optional[torch.Tensor] = None  # (slots, slot bytes) over the shared file
         self._registered: Optional[int] = None
         self._handoff: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._sender: Optional[threading.Thread] = None
@@ -102,9 +104,8 @@ class AnnotatedVideoWriter:
         whole = np.frombuffer(self._memory, np.uint8)
         if device.type == "cuda":  # page-locked, the frames come back from the GPU asynchronously
             self._registered = ipc.pin(whole)
-        self._slots = [torch.from_numpy(whole[i * slot_bytes:(i + 1) * slot_bytes]) for i in range(slots)]
-        for i in range(slots):
-            self._free.put(i)
+        self._ring = torch.from_numpy(whole).view(slots, slot_bytes)
+        self._busy = [False] * slots
         if self.workers > 1:
             self._parts = Path(tempfile.mkdtemp(prefix=f".{self.path.stem}.{os.getpid()}.parts", dir=self.path.parent))
         spec = {"slots_path": name, "slots": slots, "slot_bytes": slot_bytes, "size": size, "fps": self.fps,
@@ -143,7 +144,10 @@ class AnnotatedVideoWriter:
         for raw in proc.stdout:
             kind, _, rest = raw.decode(errors="replace").rstrip("\n").partition(" ")
             if kind == "R":
-                self._free.put(int(rest))
+                with self._released:
+                    for slot in rest.split():
+                        self._busy[int(slot)] = False
+                    self._released.notify_all()
             elif kind == "O":
                 with self._lock:
                     self._mapped += 1
@@ -174,31 +178,51 @@ class AnnotatedVideoWriter:
         if self._errors:
             raise InputError(f"writing the annotated video failed: {self._errors[0]}")
 
-    def _slot(self) -> int:
-        while True:
-            try:
-                return self._free.get(timeout=0.5)
-            except queue.Empty:
-                self._check()
-                if any(p.poll() is not None for p in self._procs):
-                    self._fail("an encoding process ended unexpectedly")
+    def _claim(self, n: int) -> int:
+        """The ring's next ``n`` slots, marked busy once every one is free; returns the first."""
+        count = len(self._busy)
+        start = self._next
+        wanted = [(start + i) % count for i in range(n)]
+        with self._released:
+            while any(self._busy[i] for i in wanted):
+                if not self._released.wait(timeout=0.5):
                     self._check()
+                    if any(p.poll() is not None for p in self._procs):
+                        self._fail("an encoding process ended unexpectedly")
+                        self._check()
+            for i in wanted:
+                self._busy[i] = True
+        self._next = (start + n) % count
+        return start
 
     # -- frames ------------------------------------------------------------------------------
     def put(self, indices: Sequence[int], frames: torch.Tensor, size: tuple[int, int]) -> None:
-        """Hand over I420 ``frames`` of ``size`` = (width, height); blocks while every slot waits for an encoder."""
+        """Hand over I420 ``frames`` of ``size`` = (width, height); blocks while the slots wait for the encoders."""
         self._check()
         if self._size is None:
             self._start(size, frames.device)
         if tuple(size) != self._size:
             raise ValueError(f"frames of {size}, the video's are {self._size}")
-        messages = []
-        for index, frame in zip(indices, frames):
-            slot = self._slot()
-            self._slots[slot].copy_(frame, non_blocking=True)
+        indices = list(indices)
+        count = len(self._busy)
+        for lo in range(0, len(indices), count):  # a chunk larger than the ring goes in pieces
+            self._put(indices[lo:lo + count], frames[lo:lo + count])
+
+    def _put(self, indices: list[int], frames: torch.Tensor) -> None:
+        n, count = len(indices), len(self._busy)
+        start = self._claim(n)
+        first = min(n, count - start)
+        self._ring[start:start + first].copy_(frames[:first], non_blocking=True)
+        if first < n:  # wrapped round
+            self._ring[:n - first].copy_(frames[first:], non_blocking=True)
+        messages: list[tuple[int, tuple]] = []  # per encoder and file, its frames in order
+        for i, index in enumerate(indices):
             segment = self.frames // self.segment_frames if self.workers > 1 else 0
             path = str(self._parts / f"{segment:06d}.mp4") if self.workers > 1 else str(self.path)
-            messages.append((segment % self.workers, ("frame", path, slot, int(index))))
+            k = segment % self.workers
+            if not messages or messages[-1][1][1] != path:
+                messages.append((k, ("frames", path, [])))
+            messages[-1][1][2].append(((start + i) % count, int(index)))
             self.frames += 1
         done = None
         if frames.device.type == "cuda":
@@ -225,7 +249,7 @@ class AnnotatedVideoWriter:
         self._procs, self._readers = [], []
         if self._slot_file is not None:
             self._slot_file.unlink(missing_ok=True)
-            self._slots = []
+            self._ring = None
             ipc.unpin(self._registered)
             self._registered = None
             try:

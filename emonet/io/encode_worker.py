@@ -9,11 +9,11 @@ process's own creator: nothing else writes there):
 
 - ``("open", spec)``: the slot file to map, slot count and size, frame size, frame rate, codec, encoder
   threads;
-- ``("frame", path, slot, index)``: append the I420 frame in ``slot`` to the file ``path`` (a new path
-  finishes the previous one: the parent's segments);
+- ``("frames", path, [(slot, index), ...])``: append the I420 frames in these slots to the file ``path``
+  (a new path finishes the previous one: the parent's segments);
 - ``("end",)``: finish the open file and exit.
 
-The child answers one text line each on stdout: ``O`` (the slot file is mapped), ``R slot`` (the slot may
+The child answers one text line each on stdout: ``O`` (the slot file is mapped), ``R slot ...`` (these slots may
 be reused), ``S frames path``
 (a file is finished), ``T encode user system`` (seconds spent encoding, and the process's CPU seconds,
 x264's threads included, at the end), ``E message`` (a failure; later frames are then only released).
@@ -66,23 +66,23 @@ def main() -> int:
             w, h = spec["size"]
             slots = [whole[i * spec["slot_bytes"]:][: w * h * 3 // 2] for i in range(spec["slots"])]
             say("O")  # mapped: the parent may remove the file's name
-        elif kind == "frame":
-            _, path, slot, index = message
-            if failed:
-                say(f"R {slot}")
-                continue
-            try:
-                t0 = time.perf_counter()
-                if writer is None or writer.path != Path(path):
-                    finish()
-                    writer = VideoWriter(path, spec["fps"], tuple(spec["size"]), codec=spec["codec"],
-                                         threads=spec["threads"])
-                writer.write_i420(slots[slot], index)
-                encode += time.perf_counter() - t0
-            except Exception as exc:  # reported once; the parent turns it into one line
-                failed = True
-                say("E " + f"{type(exc).__name__}: {exc}".replace("\n", " "))
-            say(f"R {slot}")
+        elif kind == "frames":
+            _, path, frames = message
+            for slot, index in frames:
+                if failed:
+                    break
+                try:
+                    t0 = time.perf_counter()
+                    if writer is None or writer.path != Path(path):
+                        finish()
+                        writer = VideoWriter(path, spec["fps"], tuple(spec["size"]), codec=spec["codec"],
+                                             threads=spec["threads"])
+                    writer.write_i420(slots[slot], index)
+                    encode += time.perf_counter() - t0
+                except Exception as exc:  # reported once; the parent turns it into one line
+                    failed = True
+                    say("E " + f"{type(exc).__name__}: {exc}".replace("\n", " "))
+            say("R " + " ".join(str(slot) for slot, _ in frames))
         elif kind == "end":
             break
     try:

@@ -437,8 +437,16 @@ class VideoCanvas:
     # -- to the encoder's pixel format ---------------------------------------------------------------
     def _i420(self, canvas: torch.Tensor) -> torch.Tensor:
         n, height, width, _ = canvas.shape
-        rgb = canvas.float()
         out = torch.empty((n, height * width * 3 // 2), dtype=torch.uint8, device=self.device)
+        # In float, 12 bytes a pixel: a few frames at a time on the CPU, whose memory is scarcer.
+        step = n if self.device.type == "cuda" else 4
+        for lo in range(0, n, step):
+            self._i420_into(canvas[lo:lo + step], out[lo:lo + step])
+        return out
+
+    def _i420_into(self, canvas: torch.Tensor, out: torch.Tensor) -> None:
+        n, height, width, _ = canvas.shape
+        rgb = canvas.float()
         # Weighted sums, not matrix products: those may run in TF32, a level off here and there.
         luma = (rgb * self._yuv[:, 0]).sum(-1) + self._offset[0]
         out[:, :height * width].view(n, height, width).copy_(luma.round_().clamp_(0, 255))
@@ -448,4 +456,3 @@ class VideoCanvas:
         quarter = height * width // 4
         out[:, height * width:height * width + quarter].view(n, height // 2, width // 2).copy_(chroma[..., 0])
         out[:, height * width + quarter:].view(n, height // 2, width // 2).copy_(chroma[..., 1])
-        return out

@@ -37,7 +37,16 @@ def _open(source, start: float):
     try:
         # Numbered images through OpenCV's own reader, which keeps each image's size (FFmpeg's rescales).
         sequence = isinstance(source, str) and "%" in source
-        capture = cv2.VideoCapture(source, cv2.CAP_IMAGES) if sequence else cv2.VideoCapture(source)
+        capture = None
+        if sequence:
+            capture = cv2.VideoCapture(source, cv2.CAP_IMAGES)
+        elif not camera:
+            # FFmpeg's own choice of decoding threads (one per core, up to 16) burns nearly twice the CPU per
+            # frame of 8, for fewer frames/s; cores left over go to the analysis and the encoders.
+            threads = max(1, min(8, os.cpu_count() or 1))
+            capture = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, threads])
+        if capture is None or not capture.isOpened():  # a camera, or a file only another backend opens
+            capture = cv2.VideoCapture(source)
     finally:
         cv2.utils.logging.setLogLevel(previous)
     if capture.isOpened() and start > 0 and not camera:

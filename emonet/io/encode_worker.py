@@ -13,10 +13,10 @@ process's own creator: nothing else writes there):
   (a new path finishes the previous one: the parent's segments);
 - ``("end",)``: finish the open file and exit.
 
-The child answers one text line each on stdout: ``O`` (the slot file is mapped), ``R slot ...`` (these slots may
-be reused), ``S frames path``
-(a file is finished), ``T encode user system`` (seconds spent encoding, and the process's CPU seconds,
-x264's threads included, at the end), ``E message`` (a failure; later frames are then only released).
+The child answers one text line each on stdout: ``O`` (the slot file is mapped), ``R slot`` (the slot may be
+reused: each frame is given back once copied for the encoder), ``S frames path`` (a file is finished),
+``T encode user system`` (seconds spent encoding, and the process's CPU seconds, x264's threads included,
+at the end), ``E message`` (a failure; later frames are then only released).
 It ignores Ctrl-C: the parent, which sees it too, ends the run by sending ``end``, so every frame handed
 over is kept.
 """
@@ -69,20 +69,19 @@ def main() -> int:
         elif kind == "frames":
             _, path, frames = message
             for slot, index in frames:
-                if failed:
-                    break
-                try:
-                    t0 = time.perf_counter()
-                    if writer is None or writer.path != Path(path):
-                        finish()
-                        writer = VideoWriter(path, spec["fps"], tuple(spec["size"]), codec=spec["codec"],
-                                             threads=spec["threads"])
-                    writer.write_i420(slots[slot], index)
-                    encode += time.perf_counter() - t0
-                except Exception as exc:  # reported once; the parent turns it into one line
-                    failed = True
-                    say("E " + f"{type(exc).__name__}: {exc}".replace("\n", " "))
-            say("R " + " ".join(str(slot) for slot, _ in frames))
+                if not failed:  # after a failure, frames are only given back
+                    try:
+                        t0 = time.perf_counter()
+                        if writer is None or writer.path != Path(path):
+                            finish()
+                            writer = VideoWriter(path, spec["fps"], tuple(spec["size"]), codec=spec["codec"],
+                                                 threads=spec["threads"])
+                        writer.write_i420(slots[slot], index)
+                        encode += time.perf_counter() - t0
+                    except Exception as exc:  # reported once; the parent turns it into one line
+                        failed = True
+                        say("E " + f"{type(exc).__name__}: {exc}".replace("\n", " "))
+                say(f"R {slot}")  # copied for the encoder: the slot may take the next frame at once
         elif kind == "end":
             break
     try:

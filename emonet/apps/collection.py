@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
@@ -163,21 +164,17 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     frames = 0
     wall0 = time.perf_counter()
     analysis_seconds = 0.0
-    # The next video's reader opens (and starts decoding) while this one is analysed, and the last one's
-    # plot is drawn by a process of its own.
-    ahead = _Ahead(args) if mine else None
+    # The next videos' readers open (and start decoding and uploading) while this one is analysed, finished
+    # readers close in the background, and each video's plot is drawn by a process of its own.
+    ahead = _Ahead(args, mine)
     plots = PlotProcess()
-    if ahead is not None:
-        ahead.open(mine[0])
+    first = last = None  # when the first video's first frame came, and when the last video ended
     for n, video in enumerate(mine, 1):
         paths = output_paths(out_dir, video, args.output_videos)
-        opening = ahead.take()
-        if n < len(mine):
-            ahead.open(mine[n])
         try:
-            reader = opening.result()
+            reader = ahead.next()
             run = _one(args, video, paths, get_pipeline, f"[{n}/{len(mine)}] {video.name}",
-                       startup if get_pipeline.pipeline is None else None, reader, plots)
+                       startup if get_pipeline.pipeline is None else None, reader, plots, ahead.close_reader)
         except InputError as exc:  # one line; the others go on
             errors[str(video)] = str(exc)
             print(f"error: {exc}", file=err)
@@ -189,10 +186,11 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
         if run.interrupted:
             print("interrupted: the video being processed is left incomplete (a rerun redoes it)", file=err)
             break
+        last = time.perf_counter()
+        first = first if first is not None else last - run.wall
         frames += run.job.frames
         analysis_seconds += run.wall
-    if ahead is not None:
-        ahead.close()
+    ahead.close()
     for path, why in plots.wait().items():  # a failed plot: that video's outputs are incomplete
         video = next((str(v) for v in mine if str(output_paths(out_dir, v, args.output_videos)["plot"]) == path),
                      path or "a video")
@@ -201,8 +199,10 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     wall = time.perf_counter() - wall0
     if mine and get_pipeline.pipeline is not None:
         print(f"rank {dist.rank}: " if dist.world > 1 else "", end="", file=err)
-        print(f"{len(mine) - len(errors)} videos, {frames} frames, {frames / max(analysis_seconds, 1e-9):.1f} "
-              f"frames/s while analysing, {frames / max(wall, 1e-9):.1f} frames/s over all ({wall:.1f} s)", file=err)
+        flowing = (last - first) if first is not None else 0.0
+        print(f"{len(mine) - len(errors)} videos, {frames} frames: {frames / max(flowing, 1e-9):.1f} frames/s from the "
+              f"first frame to the last ({flowing:.2f} s; {frames / max(analysis_seconds, 1e-9):.1f} within the videos), "
+              f"{frames / max(wall, 1e-9):.1f} frames/s with the model's load and warm-up ({wall:.1f} s)", file=err)
         print(startup.format("first results"), file=err)
     all_errors: dict[str, str] = {}
     for part in dist.gather(errors):
@@ -230,32 +230,48 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
 
 
 class _Ahead:
-    """The next video's reader, opened in a thread while this one is analysed: opening one starts a
-    decoding process and waits for its first line (about 0.4 s on a GPU server's cores). An error
-    opening it is raised at its turn."""
+    """The next videos' readers, opened ``depth`` ahead in threads while one is analysed: opening one starts
+    a decoding process and waits for its first line (about half a second on a GPU server, longer than a
+    short clip's analysis); once open, it decodes and uploads its first frames. An error opening a video
+    is raised at its turn. Finished readers are closed here too, off the analysing thread."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, videos: list[Path], depth: int = 3) -> None:
         self.args = args
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="emonet-open")
-        self.future = None
+        self.videos = list(videos)
+        self.pool = ThreadPoolExecutor(max_workers=depth + 1, thread_name_prefix="emonet-open")
+        self.opening: deque = deque()
+        self.submitted = 0
+        for _ in range(min(depth, len(self.videos))):
+            self._submit()
 
-    def open(self, video: Path) -> None:
-        """Start opening ``video``'s reader."""
-        self.future = self.pool.submit(open_reader, self.args, str(video))
+    def _submit(self) -> None:
+        video = self.videos[self.submitted]
+        self.submitted += 1
+        self.opening.append(self.pool.submit(self._open, video))
 
-    def take(self):
-        """The opening started last: its ``result()`` is the reader (the caller's then), or raises its InputError."""
-        future, self.future = self.future, None
-        return future
+    def _open(self, video: Path):
+        reader = open_reader(self.args, str(video))
+        reader.prefetch()
+        return reader
+
+    def next(self):
+        """The next video's reader (the caller's then, to close); raises its InputError."""
+        future = self.opening.popleft()
+        if self.submitted < len(self.videos):
+            self._submit()
+        return future.result()
+
+    def close_reader(self, reader) -> None:
+        """Close a finished reader in the background."""
+        self.pool.submit(reader.close)
 
     def close(self) -> None:
-        """Close a reader nobody took (an interrupted run), and the thread."""
-        if self.future is not None:
+        """Close the readers nobody took (an interrupted run), and the threads."""
+        while self.opening:
             try:
-                self.future.result().close()
+                self.opening.popleft().result().close()
             except InputError:
                 pass
-            self.future = None
         self.pool.shutdown()
 
 
@@ -265,9 +281,10 @@ def _complete(paths: dict[str, Path]) -> bool:
 
 
 def _one(args: argparse.Namespace, video: Path, paths: dict[str, Path], get_pipeline, desc: str,
-         startup: Optional[StartupClock] = None, reader=None, plots: Optional[PlotProcess] = None):
+         startup: Optional[StartupClock] = None, reader=None, plots: Optional[PlotProcess] = None,
+         close_reader=None):
     """One video into its outputs; the summary and plot are written only after the rows are complete (the
-    plot by ``plots``, if given)."""
+    plot by ``plots``, if given; the reader closed by ``close_reader``, if given)."""
     summary = VideoSummary(str(video), [], 0.0)
 
     def pipeline_for(shape: tuple, frames: Optional[int] = None):
@@ -277,7 +294,8 @@ def _one(args: argparse.Namespace, video: Path, paths: dict[str, Path], get_pipe
 
     outputs = Outputs(csv=str(paths["csv"]), video=str(paths["video"]) if "video" in paths else None,
                       summary=summary)
-    run = analyse(args, str(video), outputs, pipeline_for, desc=desc, startup=startup, reader=reader)
+    run = analyse(args, str(video), outputs, pipeline_for, desc=desc, startup=startup, reader=reader,
+                  close_reader=close_reader)
     if run.interrupted:
         return run
     if run.job is None or run.job.frames == 0:

@@ -293,10 +293,11 @@ def open_reader(args: argparse.Namespace, source: str) -> VideoReader:
 
 def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipeline,
             desc: Optional[str] = None, startup: Optional[StartupClock] = None,
-            reader: Optional[VideoReader] = None) -> VideoRun:
+            reader: Optional[VideoReader] = None, close_reader=None) -> VideoRun:
     """Run one video through the pipeline (``get_pipeline(shape, frames)`` loads it on first use) into
     ``outputs``; ``startup``, if given, is marked as the model loads and the first results come; ``reader``
-    is the video's reader if it was opened ahead (see :func:`open_reader`).
+    is the video's reader if it was opened ahead (see :func:`open_reader`), and ``close_reader(reader)``
+    closes it at the end (default: ``reader.close()``, here).
 
     Ctrl-C and SIGTERM end the run cleanly: every finished frame is kept in every output.
     """
@@ -350,7 +351,7 @@ def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipelin
     finally:
         stop.restore()
         torch.set_num_threads(threads)
-        reader.close()
+        close_reader(reader) if close_reader is not None else reader.close()
         video = job.close() if job else None
     cpu = {}
     if job is not None:

@@ -305,12 +305,14 @@ def released_way(clip: Path, device: str, output: Optional[Path]) -> float:
 
 
 def decode_loop(clip: Path) -> float:
-    """Frames/s of OpenCV decoding alone: ``VideoCapture.read`` in a loop, frames left as decoded (BGR).
+    """Frames/s of OpenCV decoding alone: ``VideoCapture.read`` in a loop, frames left as decoded (BGR), on
+    the video tool's FFmpeg threads.
 
     The reference "what decoding allows": no colour conversion, copy or hand-over between threads.
     """
     import cv2
-    cap = cv2.VideoCapture(str(clip))
+    from ..io.decode_worker import decoding_threads
+    cap = cv2.VideoCapture(str(clip), cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, decoding_threads()])
     n, start = 0, time.perf_counter()
     while cap.read()[0]:
         n += 1

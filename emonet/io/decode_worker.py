@@ -29,6 +29,12 @@ import time
 from collections import deque
 
 
+def decoding_threads() -> int:
+    """FFmpeg threads for decoding a file: up to 8. FFmpeg's own choice (one per core, up to 16) burned nearly
+    twice the CPU per frame of 8 on a 16-core server, for fewer frames/s; the cores left over analyse and encode."""
+    return max(1, min(8, os.cpu_count() or 1))
+
+
 def _open(source, start: float):
     import cv2
     camera = isinstance(source, int)
@@ -41,10 +47,7 @@ def _open(source, start: float):
         if sequence:
             capture = cv2.VideoCapture(source, cv2.CAP_IMAGES)
         elif not camera:
-            # FFmpeg's own choice of decoding threads (one per core, up to 16) burns nearly twice the CPU per
-            # frame of 8, for fewer frames/s; cores left over go to the analysis and the encoders.
-            threads = max(1, min(8, os.cpu_count() or 1))
-            capture = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, threads])
+            capture = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, decoding_threads()])
         if capture is None or not capture.isOpened():  # a camera, or a file only another backend opens
             capture = cv2.VideoCapture(source)
     finally:

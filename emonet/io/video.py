@@ -266,9 +266,13 @@ class VideoReader:
                 if self._stop.is_set():
                     return
 
-    def __iter__(self) -> Iterator[Frame]:
-        if self._thread.ident is None:  # not started yet
+    def prefetch(self) -> None:
+        """Start taking (and uploading) decoded frames now, before the first iteration (which starts it anyway)."""
+        if self._thread.ident is None:
             self._thread.start()
+
+    def __iter__(self) -> Iterator[Frame]:
+        self.prefetch()
         while True:
             item = self._queue.get()
             if item is None:

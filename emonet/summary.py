@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -156,21 +157,32 @@ class PlotProcess:
     def __init__(self) -> None:
         self._proc: Optional[subprocess.Popen] = None
         self._reader: Optional[threading.Thread] = None
+        self._sender: Optional[threading.Thread] = None
+        self._queue: "queue.Queue[Optional[tuple[VideoSummary, str]]]" = queue.Queue()
         self._failed: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def submit(self, summary: VideoSummary, path: Union[str, Path]) -> None:
-        """Plot ``summary`` into ``path`` (atomically, as :meth:`VideoSummary.plot`)."""
+        """Plot ``summary`` into ``path`` (atomically, as :meth:`VideoSummary.plot`); ``summary`` must not
+        change afterwards."""
         if self._proc is None:
             root = str(Path(__file__).resolve().parents[1])  # the package, wherever it is installed
             code = f"import sys; sys.path.insert(0, {root!r}); from emonet.summary import _serve_plots; _serve_plots()"
             self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._reader = threading.Thread(target=self._listen, name="emonet-plots", daemon=True)
             self._reader.start()
-        try:
-            ipc.send(self._proc.stdin, (summary, str(path)))
-        except (BrokenPipeError, OSError):
-            self._fail(str(path), f"the plotting process ended unexpectedly (exit code {self._proc.poll()})")
+            self._sender = threading.Thread(target=self._send, name="emonet-plots-send", daemon=True)
+            self._sender.start()
+        # Sent from a thread: a summary larger than the pipe's buffer would otherwise wait here until the
+        # process has finished the plot before (a tenth of a second or more).
+        self._queue.put((summary, str(path)))
+
+    def _send(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                ipc.send(self._proc.stdin, item)
+            except (BrokenPipeError, OSError):
+                self._fail(item[1], f"the plotting process ended unexpectedly (exit code {self._proc.poll()})")
 
     def _listen(self) -> None:
         for raw in self._proc.stdout:
@@ -186,6 +198,8 @@ class PlotProcess:
     def wait(self) -> dict[str, str]:
         """Let every plot handed over be written; ``{path: why}`` for those that failed."""
         if self._proc is not None:
+            self._queue.put(None)
+            self._sender.join()
             try:
                 self._proc.stdin.close()
             except OSError:

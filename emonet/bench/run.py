@@ -310,9 +310,8 @@ def decode_loop(clip: Path) -> float:
 
     The reference "what decoding allows": no colour conversion, copy or hand-over between threads.
     """
-    import cv2
-    from ..io.decode_worker import decoding_threads
-    cap = cv2.VideoCapture(str(clip), cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, decoding_threads()])
+    from ..io.decode_worker import open_capture
+    cap = open_capture(str(clip))
     n, start = 0, time.perf_counter()
     while cap.read()[0]:
         n += 1

@@ -4,8 +4,9 @@ The frames come drawn and converted (:class:`emonet.drawing.VideoCanvas`, on the
 A chunk is copied into consecutive slots of a shared-memory file used as a ring, in one copy (two where
 it wraps), straight from the GPU where there is one (the file is page-locked, so the copy runs while the
 next chunk is analysed), and one message naming the slots goes to each encoder process concerned
-(:mod:`.encode_worker`), which wraps each frame for libx264 and hands it over; x264's own threads encode. With one encoder the output file is written directly; with several, the video is cut
-into segments, handed out in turn, each encoded on its own (starting with a key frame), and on close the
+(:mod:`.encode_worker`), which wraps each frame for libx264 and hands it over; x264's own threads
+encode. With one encoder the output file is written directly; with several, the video is cut into
+segments, handed out in turn, each encoded on its own (starting with a key frame), and on close the
 segments are joined, packets copied in order with their timestamps, into one file whose index is at the
 front.
 """
@@ -145,8 +146,7 @@ class AnnotatedVideoWriter:
             kind, _, rest = raw.decode(errors="replace").rstrip("\n").partition(" ")
             if kind == "R":
                 with self._released:
-                    for slot in rest.split():
-                        self._busy[int(slot)] = False
+                    self._busy[int(rest)] = False
                     self._released.notify_all()
             elif kind == "O":
                 with self._lock:

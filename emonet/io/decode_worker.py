@@ -35,7 +35,9 @@ def decoding_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def _open(source, start: float):
+def open_capture(source, start: float = 0.0):
+    """OpenCV's capture of a file (on :func:`decoding_threads`), camera index or numbered images, quietly,
+    at ``start`` seconds; check ``isOpened()``."""
     import cv2
     camera = isinstance(source, int)
     previous = cv2.utils.logging.getLogLevel()
@@ -93,7 +95,7 @@ def main(spec: dict) -> int:
         out.write(line.encode() + b"\n" + payload)
         out.flush()
 
-    capture = _open(spec["source"], spec["start"])
+    capture = open_capture(spec["source"], spec["start"])
     if not capture.isOpened():
         say("X cannot-open")
         return 0

@@ -187,13 +187,50 @@ def test_writer_refuses_unknown_containers_and_codecs(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def decoded_rgb(clip, n: int) -> list:
+    """The first ``n`` frames as FFmpeg decodes them (yuv420p), turned into RGB by OpenCV."""
+    import av
+    with av.open(str(clip)) as container:
+        return [cv2.cvtColor(f.to_ndarray(format="yuv420p"), cv2.COLOR_YUV2RGB_I420)
+                for _, f in zip(range(n), container.decode(video=0))]
+
+
 def test_reader_frames_are_rgb(clip):
     from emonet.io.video import VideoReader
     ok, bgr = cv2.VideoCapture(str(clip)).read()
     reader = VideoReader(str(clip), max_frames=1)
     (frame,) = list(reader)
     reader.close()
-    assert np.array_equal(frame.image, bgr[..., ::-1]) and frame.shape == bgr.shape
+    assert frame.shape == bgr.shape
+    assert np.array_equal(frame.image, decoded_rgb(clip, 1)[0])
+    # OpenCV's own reader interpolates chroma where this one repeats it: the same picture, in RGB order
+    difference = np.abs(frame.image.astype(int) - bgr[..., ::-1])
+    assert difference.mean() < 2 and np.abs(frame.image.astype(int) - bgr).mean() > 10
+
+
+def test_i420_to_rgb_is_opencvs_conversion_and_knows_bt709_and_full_range():
+    import torch
+    from emonet.io.video import i420_to_rgb
+    rng = np.random.default_rng(1)
+    rgb = cv2.GaussianBlur(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), (5, 5), 2)
+    planes = cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420)
+    batch = torch.from_numpy(np.stack([planes, planes[::-1].copy()]))
+    out = i420_to_rgb(batch).numpy()
+    assert out.shape == (2, 48, 64, 3)
+    assert np.abs(out[0].astype(int) - cv2.cvtColor(planes, cv2.COLOR_YUV2RGB_I420)).max() <= 1
+    assert np.abs(out[1].astype(int) - cv2.cvtColor(planes[::-1].copy(), cv2.COLOR_YUV2RGB_I420)).max() <= 1
+    # grey stays grey under either matrix; limited-range white (235) and black (16) reach 255 and 0
+    flat = np.full((48 * 3 // 2, 64), 128, np.uint8)
+    flat[:48] = 235
+    assert (i420_to_rgb(torch.from_numpy(flat), "709").numpy() == 255).all()
+    flat[:48] = 16
+    assert (i420_to_rgb(torch.from_numpy(flat), "709").numpy() == 0).all()
+    assert (i420_to_rgb(torch.from_numpy(flat), "601", full_range=True).numpy() == 16).all()
+    # a saturated red differs between the matrices: BT.709's weaker red weight needs more Cr
+    red = np.full((48 * 3 // 2, 64), 128, np.uint8)
+    red[:48], red[48 + 48 * 64 // 4 // 64:] = 81, 240
+    r601, r709 = (i420_to_rgb(torch.from_numpy(red), m).numpy()[0, 0] for m in ("601", "709"))
+    assert r601[0] > 200 and r709[0] > r601[0] - 60 and not np.array_equal(r601, r709)
 
 
 def test_reader_decodes_in_a_child_process_and_leaves_nothing_behind(clip):
@@ -210,9 +247,8 @@ def test_reader_decodes_in_a_child_process_and_leaves_nothing_behind(clip):
     assert child.poll() is not None  # ended, not left running
     assert [f.index for f in frames] == [0, 1, 2] and 0 < reader.decode_seconds < 5
     assert (set(Path("/dev/shm").glob("emonet-frames-*")) if Path("/dev/shm").is_dir() else set()) == before
-    cap = cv2.VideoCapture(str(clip))
-    for frame in frames:  # each frame its own copy, though the slots were reused
-        assert np.array_equal(frame.image, cap.read()[1][..., ::-1])
+    for frame, expected in zip(frames, decoded_rgb(clip, 3)):  # each frame its own copy, though the slots were reused
+        assert np.array_equal(frame.image, expected)
 
 
 def test_reader_follows_frames_that_change_size(tmp_path):

@@ -24,8 +24,47 @@ import torch
 from . import ipc
 from .images import InputError
 
-# FFmpeg's own messages ("moov atom not found", ...) would precede our one-line errors; OpenCV reads
-# this when its FFmpeg backend starts. -8 is AV_LOG_QUIET.
+# Frames of a file are converted to RGB on the GPU this many at a time: the conversion is a fixed number
+# of tensor operations, shared by the group (files only: a camera's frames go on one by one).
+CONVERT_FRAMES = 8
+
+# Y'CbCr -> RGB: (Kr, Kb) of each matrix the decoder names.
+_MATRICES = {"601": (0.299, 0.114), "709": (0.2126, 0.0722)}
+
+
+def i420_to_rgb(yuv: torch.Tensor, matrix: str = "601", full_range: bool = False) -> torch.Tensor:
+    """``(..., H * 3 // 2, W)`` uint8 yuv420p planes (one after the other) -> ``(..., H, W, 3)`` uint8 RGB.
+
+    Chroma is repeated over each 2x2 block, as OpenCV's ``COLOR_YUV2RGB_I420`` does; ``matrix`` is
+    ``"601"`` or ``"709"``, ``full_range`` for JPEG-style (yuvj420p) levels. On any device.
+    """
+    kr, kb = _MATRICES[matrix]
+    kg = 1.0 - kr - kb
+    lead = yuv.shape[:-2]
+    h, w = yuv.shape[-2] * 2 // 3, yuv.shape[-1]
+    flat = yuv.reshape(*lead, -1)
+    luma = flat[..., :h * w].reshape(*lead, h, w, 1).float()
+    chroma = torch.stack([flat[..., h * w:h * w * 5 // 4], flat[..., h * w * 5 // 4:h * w * 3 // 2]], -1)
+    chroma = chroma.reshape(*lead, h // 2, w // 2, 2).float() - 128.0
+    y_scale, c_scale, y0 = (1.0, 1.0, 0.0) if full_range else (255.0 / 219.0, 255.0 / 224.0, 16.0)
+    # (Cb, Cr) -> (R, G, B) offsets from luma
+    weights = torch.tensor([[0.0, -2 * (1 - kb) * kb / kg, 2 * (1 - kb)],
+                            [2 * (1 - kr), -2 * (1 - kr) * kr / kg, 0.0]], device=yuv.device) * c_scale
+    offsets = (chroma @ weights).unsqueeze(-2).unsqueeze(-4)  # (..., h/2, 1, w/2, 1, 3)
+    offsets = offsets.expand(*lead, h // 2, 2, w // 2, 2, 3).reshape(*lead, h, w, 3)
+    rgb = offsets.add_((luma - y0).mul_(y_scale))
+    return rgb.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def host_rgb(array: np.ndarray, layout: str) -> np.ndarray:
+    """A decoded frame (BGR, or I420 planes in the decoder's ``layout``) as ``(H, W, 3)`` uint8 RGB on the host."""
+    if layout == "bgr":
+        return cv2.cvtColor(array, cv2.COLOR_BGR2RGB)
+    _, matrix, levels = layout.split(":")
+    if matrix == "601" and levels == "limited":  # OpenCV's own conversion: the same arithmetic, faster
+        return cv2.cvtColor(array, cv2.COLOR_YUV2RGB_I420)
+    return i420_to_rgb(torch.from_numpy(array), matrix, levels == "full").numpy()
+
 
 @dataclass
 class Frame:
@@ -94,7 +133,7 @@ class _Decoder:
         if line[0] != "I":
             self.close()
             raise InputError(f"{source}: decoding could not start ({self._why(line)})")
-        _, fps, count, h, w, slots, path = line.split(" ", 6)
+        _, fps, count, h, w, slots, path, self.layout = line.split(" ", 7)
         self.fps, self.frame_count = float(fps), int(count)
         self.shape = (int(h), int(w), 3)
         if path != "-":
@@ -116,20 +155,25 @@ class _Decoder:
         code = self.process.wait()
         return f"the decoding process ended unexpectedly (exit code {code})"
 
+    def _shape(self, h: int, w: int) -> tuple:
+        return (h, w, 3) if self.layout == "bgr" else (h * 3 // 2, w)
+
     def frames(self) -> Iterator[tuple[np.ndarray, float, Optional[int]]]:
-        """``(BGR frame, seconds its decoding took, slot)`` in order; hand each slot back with :meth:`release`."""
+        """``(frame as decoded, seconds its decoding took, slot)`` in order (BGR ``(H, W, 3)``, or I420
+        ``(H * 3 // 2, W)`` planes, as :attr:`layout` says); hand each slot back with :meth:`release`."""
         while True:
             line = self._line()
             kind = line[0]
             if kind == "F":
                 _, slot, h, w, seconds = line.split(" ")
-                slot, shape = int(slot), (int(h), int(w), 3)
-                yield self.slot_views[slot][: shape[0] * shape[1] * 3].reshape(shape), float(seconds), slot
+                slot, shape = int(slot), self._shape(int(h), int(w))
+                yield self.slot_views[slot][:int(np.prod(shape))].reshape(shape), float(seconds), slot
             elif kind == "B":
                 _, h, w, seconds = line.split(" ")
-                shape = (int(h), int(w), 3)
-                data = bytearray(self.process.stdout.read(shape[0] * shape[1] * 3))
-                if len(data) != shape[0] * shape[1] * 3:
+                shape = self._shape(int(h), int(w))
+                size = int(np.prod(shape))
+                data = bytearray(self.process.stdout.read(size))
+                if len(data) != size:
                     raise RuntimeError(self._why("?"))
                 yield np.frombuffer(data, np.uint8).reshape(shape), float(seconds), None
             elif kind == "D":
@@ -216,42 +260,75 @@ class VideoReader:
         n = max(0, last - self.first_index)
         return min(n, self.max_frames) if self.max_frames else n
 
-    def _frame(self, index: int, bgr: np.ndarray, stream: Optional["torch.cuda.Stream"]) -> Frame:
-        timestamp = index / self.fps  # from the index: some backends report the *next* frame's time
-        if stream is None:
-            return Frame(index, timestamp, host=cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
-        # Uploaded as decoded and turned into RGB on the GPU (on this thread's own stream, made current
-        # once in _run): no CPU colour conversion unless a host copy is wanted (for drawing), made while
-        # the upload runs.
-        pixels = torch.from_numpy(bgr).to(self.device, non_blocking=True).flip(-1)
-        ready = torch.cuda.Event()
-        ready.record(stream)
-        host = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB) if self.keep_host else None
-        ready.synchronize()  # the slot is reused once this returns
-        return Frame(index, timestamp, host=host, pixels=pixels, ready=ready)
+    def _put(self, frame: Frame) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(frame, timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
     def _run(self) -> None:
         index = self.first_index
+        layout = self._decoder.layout
         stream = torch.cuda.Stream(self.device) if self.device is not None else None
         if stream is not None:
             torch.cuda.set_stream(stream)  # current streams are per thread: this one's, for good
+        group: list[tuple[int, Optional[np.ndarray]]] = []  # I420 frames uploaded, not yet converted
+        raw: Optional[torch.Tensor] = None
+
+        def convert() -> None:
+            # One conversion for the group, on this thread's stream; each frame a view of the result.
+            nonlocal raw
+            if not group:
+                return
+            _, matrix, levels = layout.split(":")
+            rgb = i420_to_rgb(raw[:len(group)], matrix, levels == "full")
+            ready = torch.cuda.Event()
+            ready.record(stream)
+            for k, (i, host) in enumerate(group):
+                self._put(Frame(i, i / self.fps, host=host, pixels=rgb[k], ready=ready))
+            group.clear()
+            raw = None
+
         try:
-            for bgr, seconds, slot in self._decoder.frames():
+            for array, seconds, slot in self._decoder.frames():
                 if self._stop.is_set():
                     break
                 self.decode_seconds += seconds
                 if self.end is not None and index / self.fps > self.end:
                     break
-                self.frame_shape = bgr.shape
-                frame = self._frame(index, bgr, stream)
+                # (H, W, 3) of the frame; timestamps from the index: some backends report the *next* frame's time
+                self.frame_shape = array.shape if layout == "bgr" else (array.shape[0] * 2 // 3, array.shape[1], 3)
+                if stream is None:
+                    frame = Frame(index, index / self.fps, host=host_rgb(array, layout))
+                elif layout == "bgr":
+                    # Uploaded as decoded and turned into RGB on the GPU: no CPU colour conversion unless a
+                    # host copy is wanted, made while the upload runs.
+                    pixels = torch.from_numpy(array).to(self.device, non_blocking=True).flip(-1)
+                    ready = torch.cuda.Event()
+                    ready.record(stream)
+                    host = host_rgb(array, layout) if self.keep_host else None
+                    ready.synchronize()  # the slot is reused once this returns
+                    frame = Frame(index, index / self.fps, host=host, pixels=pixels, ready=ready)
+                else:
+                    if raw is not None and tuple(raw.shape[1:]) != array.shape:
+                        convert()  # the video changed size
+                    if raw is None:
+                        raw = torch.empty((CONVERT_FRAMES, *array.shape), dtype=torch.uint8, device=self.device)
+                    raw[len(group)].copy_(torch.from_numpy(array), non_blocking=True)
+                    uploaded = torch.cuda.Event()
+                    uploaded.record(stream)
+                    group.append((index, host_rgb(array, layout) if self.keep_host else None))
+                    uploaded.synchronize()  # the slot is reused once this returns
+                    frame = None
                 self._decoder.release(slot)
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(frame, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+                if frame is not None:
+                    self._put(frame)
+                elif len(group) == CONVERT_FRAMES:
+                    convert()
                 index += 1
+            convert()
         except BaseException as exc:  # reported to the consumer, never lost in the thread
             self._error = exc
         finally:

@@ -90,8 +90,12 @@ class VideoWriter:
             raise InputError("this PyAV's FFmpeg has no libx264 encoder; pass --codec mp4v") from None
         stream.width, stream.height = self.coded
         stream.pix_fmt = "yuv420p"
-        # ultrafast: the encoder must keep up with analysis; crf 23 is x264's default quality.
+        # ultrafast: the encoder must keep up with analysis; crf 23 is x264's default quality. CRF's frame-cost
+        # analysis (the lookahead) runs on one thread unless told otherwise, and it limited frame threads
+        # beyond about 8: in slices on up to 4 threads it keeps up.
         stream.options = {"preset": "ultrafast", "crf": "23"}
+        if threads > 1:
+            stream.options = {**stream.options, "x264-params": f"lookahead-threads={min(4, threads // 2)}"}
         stream.codec_context.thread_count = threads  # 0: x264 picks (frame threads on every core)
         stream.codec_context.thread_type = "FRAME"
         # What OpenCV's RGB -> I420 conversion produces (BT.601, limited range), said in the stream.
@@ -127,7 +131,18 @@ class VideoWriter:
     def _encode(self, yuv: np.ndarray, index: Optional[int]) -> None:
         import av
 
-        frame = av.VideoFrame.from_ndarray(yuv, format="yuv420p")  # a copy: the caller may reuse its buffer
+        frame = None
+        if yuv.shape[0] % 6 == 0:
+            # The frame wraps the caller's buffer, no copy: x264 copies the picture into its own before the
+            # encode call returns (that second copy was the encoding process's serial limit). PyAV derives
+            # the height as rows // 6 * 4, right only for heights that are multiples of 4; older PyAV
+            # cannot wrap yuv420p at all: a copy then.
+            try:
+                frame = av.VideoFrame.from_numpy_buffer(yuv, format="yuv420p")
+            except (AttributeError, ValueError):
+                frame = None
+        if frame is None:
+            frame = av.VideoFrame.from_ndarray(yuv, format="yuv420p")  # a copy
         frame.colorspace = av.video.reformatter.Colorspace.ITU601
         frame.color_range = av.video.reformatter.ColorRange.MPEG
         if self._first_pts is None:

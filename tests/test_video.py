@@ -277,9 +277,11 @@ def test_on_a_gpu_frames_are_uploaded_as_rgb_and_a_host_copy_is_optional(clip):
         assert [f.index for f in frames] == list(range(count))
         for frame, rgb in zip(frames, expected):
             assert (frame.host is not None) == keep_host and frame.shape == rgb.shape
-            # the GPU's float arithmetic against OpenCV's fixed point: within one level
-            assert np.abs(frame.on_device(device).cpu().numpy().astype(int) - rgb).max() <= 1
-            assert np.abs(frame.image.astype(int) - rgb).max() <= (0 if keep_host else 1)
+            # the GPU's float arithmetic against OpenCV's fixed point: a level or two apart
+            for image in (frame.on_device(device).cpu().numpy(), frame.image):
+                difference = np.abs(image.astype(int) - rgb)
+                assert difference.max() <= 2 and difference.mean() < 0.5
+            assert not keep_host or np.array_equal(frame.image, rgb)  # the host copy is OpenCV's
 
 
 def test_detected_rows_are_the_same_at_every_batch_size(clip, tmp_path):

@@ -229,16 +229,11 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     return 1 if all_errors else 0
 
 
-# Decoded frames each reader opened ahead may hold (on the GPU, where there is one): a short clip whole
-# (about 180 frames of 720p), so the idle cores decode the next videos while one is analysed.
-AHEAD_BYTES = 512 << 20
-
-
 class _Ahead:
     """The next videos' readers, opened ``depth`` ahead in threads while one is analysed: opening one starts
     a decoding process and waits for its first line (about half a second on a GPU server, longer than a
-    short clip's analysis); once open, it decodes and uploads up to :data:`AHEAD_BYTES` of frames. An error
-    opening a video is raised at its turn. Finished readers are closed here too, off the analysing thread."""
+    short clip's analysis); once open, it decodes and uploads its first frames. An error opening a video
+    is raised at its turn. Finished readers are closed here too, off the analysing thread."""
 
     def __init__(self, args: argparse.Namespace, videos: list[Path], depth: int = 3) -> None:
         self.args = args
@@ -255,7 +250,7 @@ class _Ahead:
         self.opening.append(self.pool.submit(self._open, video))
 
     def _open(self, video: Path):
-        reader = open_reader(self.args, str(video), queue_bytes=AHEAD_BYTES)
+        reader = open_reader(self.args, str(video))
         reader.prefetch()
         return reader
 

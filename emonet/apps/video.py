@@ -14,11 +14,9 @@ import argparse
 import csv
 import json
 import os
-import queue
 import resource
 import signal
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -156,11 +154,6 @@ class VideoJob:
         # Frames are drawn on the engine's device; encoding runs in processes of their own.
         self.annotated = self.canvas = None
         self.undrawn: list[tuple[Frame, list]] = []  # finished frames (rows written) waiting to be drawn
-        # On a GPU, drawing and the hand-over to the encoders run in a thread of their own: their host work
-        # (about 1 ms a frame) overlaps this thread's waits for the GPU instead of adding to them.
-        self._drawing: Optional["queue.Queue[Optional[list]]"] = None
-        self._drawer: Optional[threading.Thread] = None
-        self._draw_error: Optional[BaseException] = None
         self.draw_frames = max(args.batch_size, DRAW_FRAMES if self.engine.device.type == "cuda" else 1)
         if outputs.video:
             banner = f"EmoNet: {UNTRAINED_LABEL}" if self.engine.untrained else None
@@ -220,36 +213,10 @@ class VideoJob:
             self.draw()
 
     def draw(self) -> None:
-        """Draw the frames finished so far on the engine's device and hand them to the encoders (on a GPU,
-        in the drawing thread; this returns once they are queued there)."""
+        """Draw the frames finished so far on the engine's device and hand them to the encoders."""
         undrawn, self.undrawn = self.undrawn, []
-        if self._draw_error is not None:
-            raise self._draw_error
         if not undrawn:
             return
-        if self.engine.device.type != "cuda":
-            self._draw(undrawn)
-            return
-        if self._drawer is None:
-            self._drawing = queue.Queue(maxsize=2)  # bounded: frames wait on the GPU, not without end
-            self._drawer = threading.Thread(target=self._draw_loop, name="emonet-draw", daemon=True)
-            self._drawer.start()
-        self._drawing.put(undrawn)
-
-    def _draw_loop(self) -> None:
-        while True:
-            undrawn = self._drawing.get()
-            if undrawn is None:
-                return
-            if self._draw_error is None:  # after a failure, frames are only let go
-                try:
-                    self._draw(undrawn)
-                except BaseException as exc:  # raised in the analysing thread, at its next draw or close
-                    self._draw_error = exc
-            for frame, _ in undrawn:
-                frame.pixels = frame.ready = None
-
-    def _draw(self, undrawn: list) -> None:
         t0 = time.perf_counter()
         images = [frame.on_device(self.engine.device) for frame, _ in undrawn]
         faces = [snapshot for _, snapshot in undrawn]
@@ -261,25 +228,13 @@ class VideoJob:
         for frame, _ in undrawn:
             frame.pixels = frame.ready = None  # drawn: free the GPU copy now
 
-    def _finish_drawing(self) -> None:
-        """Draw what is left and wait for the drawing thread to hand over everything queued."""
-        try:
-            self.draw()
-        finally:
-            if self._drawer is not None:
-                self._drawing.put(None)
-                self._drawer.join()
-                self._drawer = None
-        if self._draw_error is not None:
-            raise self._draw_error
-
     def close(self) -> Optional[Path]:
         """Finish every output; returns the video's path if one was written. No frame: nothing is kept."""
         self.rows.close(keep=self.frames > 0)
         if self.annotated is None:
             return None
         try:
-            self._finish_drawing()  # every frame with rows is in the video too
+            self.draw()  # every frame with rows is in the video too
         finally:
             video = self.annotated.close()  # every frame handed over is encoded and kept
         self.seconds["encode"] = self.annotated.encode_seconds
@@ -327,16 +282,13 @@ def _cpu_seconds() -> tuple[float, float]:
     return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
-def open_reader(args: argparse.Namespace, source: str, queue_bytes: int = 0) -> VideoReader:
-    """The video's reader as the arguments ask (decoding starts at once, in a process of its own), holding
-    up to ``queue_bytes`` of decoded frames ahead on a GPU (see :class:`VideoReader`; on the CPU analysis is
-    far slower than decoding, and frames decoded ahead would only take memory).
+def open_reader(args: argparse.Namespace, source: str) -> VideoReader:
+    """The video's reader as the arguments ask (decoding starts at once, in a process of its own).
 
     With a GPU the frames are kept there only: detection, crops and drawing all read them there.
     """
-    device = select_device(args.device, quiet=True)
-    return VideoReader(source, start=args.start, end=args.end, max_frames=args.max_frames, device=device,
-                       keep_host=False, queue_bytes=queue_bytes if device.type == "cuda" else 0)
+    return VideoReader(source, start=args.start, end=args.end, max_frames=args.max_frames,
+                       device=select_device(args.device, quiet=True), keep_host=False)
 
 
 def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipeline,
@@ -443,9 +395,8 @@ def _summary(job: VideoJob, reader: VideoReader, run: VideoRun) -> None:
     per = ", ".join(f"{k} {1e3 * v / max(job.frames, 1):.2f}" for k, v in job.seconds.items())
     encoding = (f", encode in {job.annotated.workers} of their own (their time adds up)"
                 if job.annotated is not None else "")
-    drawing = (", draw and hand-over in a thread of their own" if job.engine.device.type == "cuda" else ", draw")
     print(f"time per frame by stage (ms; decode runs in a process of its own{encoding}, beside detect, EmoNet "
-          f"(tracking and crops included), results{drawing}): {per}", file=err)
+          f"(tracking and crops included), results and draw): {per}", file=err)
     cores = sum(run.cpu.values()) / max(wall, 1e-9)
     print("CPU-seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in run.cpu.items() if v > 0)
           + f" ({cores:.1f} of {os.cpu_count()} cores busy on average)", file=err)

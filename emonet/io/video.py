@@ -216,14 +216,12 @@ class VideoReader:
 
     A thread of this process takes each decoded frame and, with a GPU, uploads it (as RGB) on a stream
     of its own. ``keep_host=False`` keeps only that GPU copy (``Frame.image`` then copies it back on
-    demand): a run that never draws saves a host copy per frame. Up to ``queue_size`` frames (or as many
-    as ``queue_bytes`` of RGB frames hold, if more) wait to be taken.
+    demand): a run that never draws saves a host copy per frame.
     """
 
     def __init__(self, source: Union[str, int], start: float = 0.0, end: Optional[float] = None,
                  max_frames: Optional[int] = None, queue_size: int = 32,
-                 device: Optional[torch.device] = None, keep_host: bool = True,
-                 queue_bytes: int = 0) -> None:
+                 device: Optional[torch.device] = None, keep_host: bool = True) -> None:
         self.source = source
         self.device = device if device is not None and torch.device(device).type == "cuda" else None
         self.keep_host = keep_host or self.device is None
@@ -247,9 +245,7 @@ class VideoReader:
             raise InputError(f"{source}: --start {start:g} s is past the end of the video "
                              f"({self.frame_count / self.fps:.2f} s, {self.frame_count} frames)")
         self.decode_seconds = 0.0
-        h, w, _ = self.frame_shape  # queue_bytes: as many decoded frames as fit, when more than queue_size
-        self._queue: "queue.Queue[Optional[Frame]]" = queue.Queue(
-            maxsize=max(queue_size, queue_bytes // max(1, h * w * 3)))
+        self._queue: "queue.Queue[Optional[Frame]]" = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._error: Optional[BaseException] = None
         # Started on the first iteration, not here: the child decodes only a few frames ahead until then.

@@ -60,9 +60,9 @@ def host_rgb(array: np.ndarray, layout: str) -> np.ndarray:
     """A decoded frame (BGR, or I420 planes in the decoder's ``layout``) as ``(H, W, 3)`` uint8 RGB on the host."""
     if layout == "bgr":
         return cv2.cvtColor(array, cv2.COLOR_BGR2RGB)
+    # The GPU's conversion, so a run on the CPU sees the same pixels (OpenCV's fast path is up to a few
+    # levels off the exact arithmetic near black and in saturated colours).
     _, matrix, levels = layout.split(":")
-    if matrix == "601" and levels == "limited":  # OpenCV's own conversion: the same arithmetic, faster
-        return cv2.cvtColor(array, cv2.COLOR_YUV2RGB_I420)
     return i420_to_rgb(torch.from_numpy(array), matrix, levels == "full").numpy()
 
 

@@ -139,7 +139,7 @@ def test_an_interrupted_run_keeps_a_playable_video_and_every_finished_row(tmp_pa
 
 @pytest.mark.parametrize("make, message", [
     (lambda d: d / "missing.mp4", "no such video file"),
-    (lambda d: (d / "notes.mp4").write_text("not a video") and d / "notes.mp4", "not a video OpenCV can open"),
+    (lambda d: (d / "notes.mp4").write_text("not a video") and d / "notes.mp4", "not a video FFmpeg or OpenCV can open"),
 ])
 def test_bad_videos_are_one_clear_line(tmp_path, make, message):
     out = demo_video("--video", make(tmp_path), "--weights", "random", "--device", "cpu", "--csv", tmp_path / "f.csv")

@@ -101,7 +101,7 @@ class Frame:
 
 
 class _Decoder:
-    """OpenCV decoding in a child process (``decode_worker.py``); frames come back through shared memory.
+    """Decoding in a child process (``decode_worker.py``: PyAV, else OpenCV); frames come back through shared memory.
 
     In a thread of this process, decoding waited for the GIL whenever it handed a frame over, and
     FFmpeg's threads idled meanwhile; a process of its own decodes ahead into a few reusable slots of a
@@ -129,7 +129,7 @@ class _Decoder:
             self.close()
             camera = isinstance(source, int)
             raise InputError(f"camera {source} could not be opened (no camera there, or it is in use)" if camera
-                             else f"{source}: not a video OpenCV can open (not a video, corrupt, or an unknown codec)")
+                             else f"{source}: not a video FFmpeg or OpenCV can open (not a video, corrupt, or an unknown codec)")
         if line[0] != "I":
             self.close()
             raise InputError(f"{source}: decoding could not start ({self._why(line)})")

@@ -101,7 +101,8 @@ class _PyAV:
     """Frames as FFmpeg decodes them, frame-threaded, handed over as I420 planes (no colour conversion here)."""
 
     def __init__(self, container, start: float) -> None:
-        from fractions import Fraction
+        import av
+        self.error = av.FFmpegError  # what damaged data raises
         self.container = container
         stream = container.streams.video[0]
         stream.thread_type = "FRAME"  # slice threads too ("AUTO") decoded less per second
@@ -134,10 +135,9 @@ class _PyAV:
     def first(self):
         """The first frame, which also says the layout (its colour matrix and range); None where OpenCV
         should read the video instead (nothing decoded, or a rotation to apply, which OpenCV does)."""
-        import av
         try:
             frame = self._next()
-        except av.FFmpegError:
+        except self.error:
             return None
         if frame is not None and getattr(frame, "rotation", 0):
             return None
@@ -150,10 +150,9 @@ class _PyAV:
 
     def read(self, target):
         """The next frame's planes copied into ``target(h, w)`` (a view of a slot) or a new array; None at the end."""
-        import av
         try:
             frame = self._next()
-        except av.FFmpegError:  # damaged from here on: the frames so far are kept, as OpenCV's reader does
+        except self.error:  # damaged from here on: the frames so far are kept, as OpenCV's reader does
             return None
         return None if frame is None else self.planes(frame, target)
 
@@ -224,7 +223,6 @@ def _slot_file(spec: dict, slot_bytes: int):
 
 def main(spec: dict) -> int:
     """Decode ``spec['source']`` into up to ``spec['slots']`` slots of a file in one of ``spec['folders']``."""
-    import cv2
     import numpy as np
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -264,7 +262,12 @@ def main(spec: dict) -> int:
         say("D")
         return 0
     bgr = reader.layout == "bgr"
-    h, w = first.shape[:2] if bgr else (first.shape[0] * 2 // 3, first.shape[1])
+
+    def size(frame) -> tuple:
+        """``(h, w)`` of a frame as decoded (BGR, or I420 planes one after the other)."""
+        return frame.shape[:2] if bgr else (frame.shape[0] * 2 // 3, frame.shape[1])
+
+    h, w = size(first)
     slot_bytes = first.nbytes
     slots, path, memory = _slot_file(spec, slot_bytes)
     if memory is None:
@@ -304,11 +307,11 @@ def main(spec: dict) -> int:
                 # array of its own and goes through the pipe.
                 t0 = time.perf_counter()
                 frame = reader.read(lambda fh, fw: view(slot, shape(fh, fw))
-                                    if fh is not None and reader.nbytes(fh, fw) <= slot_bytes else None)
+                                    if reader.nbytes(fh, fw) <= slot_bytes else None)
                 seconds = time.perf_counter() - t0
                 if frame is None:
                     break
-            h, w = frame.shape[:2] if bgr else (frame.shape[0] * 2 // 3, frame.shape[1])
+            h, w = size(frame)
             produced += 1
             if frame.nbytes > slot_bytes:  # the video grew: this frame goes through the pipe
                 say(f"B {h} {w} {seconds:.6f}", frame.tobytes())

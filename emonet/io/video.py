@@ -56,14 +56,22 @@ def i420_to_rgb(yuv: torch.Tensor, matrix: str = "601", full_range: bool = False
     return rgb.round_().clamp_(0, 255).to(torch.uint8)
 
 
-def host_rgb(array: np.ndarray, layout: str) -> np.ndarray:
-    """A decoded frame (BGR, or I420 planes in the decoder's ``layout``) as ``(H, W, 3)`` uint8 RGB on the host."""
+def colours(layout: str) -> Optional[tuple[str, bool]]:
+    """The decoder's ``layout`` (``bgr`` or ``i420:MATRIX:RANGE``) as ``(matrix, full_range)``; None for BGR."""
     if layout == "bgr":
+        return None
+    _, matrix, levels = layout.split(":")
+    return matrix, levels == "full"
+
+
+def host_rgb(array: np.ndarray, colour: Optional[tuple[str, bool]]) -> np.ndarray:
+    """A decoded frame (BGR where ``colour`` is None, else I420 planes in ``colour``, see :func:`colours`) as
+    ``(H, W, 3)`` uint8 RGB on the host."""
+    if colour is None:
         return cv2.cvtColor(array, cv2.COLOR_BGR2RGB)
     # The GPU's conversion, so a run on the CPU sees the same pixels (OpenCV's fast path is up to a few
     # levels off the exact arithmetic near black and in saturated colours).
-    _, matrix, levels = layout.split(":")
-    return i420_to_rgb(torch.from_numpy(array), matrix, levels == "full").numpy()
+    return i420_to_rgb(torch.from_numpy(array), *colour).numpy()
 
 
 @dataclass
@@ -270,7 +278,7 @@ class VideoReader:
 
     def _run(self) -> None:
         index = self.first_index
-        layout = self._decoder.layout
+        colour = colours(self._decoder.layout)  # None: BGR frames
         stream = torch.cuda.Stream(self.device) if self.device is not None else None
         if stream is not None:
             torch.cuda.set_stream(stream)  # current streams are per thread: this one's, for good
@@ -282,8 +290,7 @@ class VideoReader:
             nonlocal raw
             if not group:
                 return
-            _, matrix, levels = layout.split(":")
-            rgb = i420_to_rgb(raw[:len(group)], matrix, levels == "full")
+            rgb = i420_to_rgb(raw[:len(group)], *colour)
             ready = torch.cuda.Event()
             ready.record(stream)
             for k, (i, host) in enumerate(group):
@@ -299,16 +306,16 @@ class VideoReader:
                 if self.end is not None and index / self.fps > self.end:
                     break
                 # (H, W, 3) of the frame; timestamps from the index: some backends report the *next* frame's time
-                self.frame_shape = array.shape if layout == "bgr" else (array.shape[0] * 2 // 3, array.shape[1], 3)
+                self.frame_shape = array.shape if colour is None else (array.shape[0] * 2 // 3, array.shape[1], 3)
                 if stream is None:
-                    frame = Frame(index, index / self.fps, host=host_rgb(array, layout))
-                elif layout == "bgr":
+                    frame = Frame(index, index / self.fps, host=host_rgb(array, colour))
+                elif colour is None:
                     # Uploaded as decoded and turned into RGB on the GPU: no CPU colour conversion unless a
                     # host copy is wanted, made while the upload runs.
                     pixels = torch.from_numpy(array).to(self.device, non_blocking=True).flip(-1)
                     ready = torch.cuda.Event()
                     ready.record(stream)
-                    host = host_rgb(array, layout) if self.keep_host else None
+                    host = host_rgb(array, colour) if self.keep_host else None
                     ready.synchronize()  # the slot is reused once this returns
                     frame = Frame(index, index / self.fps, host=host, pixels=pixels, ready=ready)
                 else:
@@ -319,7 +326,7 @@ class VideoReader:
                     raw[len(group)].copy_(torch.from_numpy(array), non_blocking=True)
                     uploaded = torch.cuda.Event()
                     uploaded.record(stream)
-                    group.append((index, host_rgb(array, layout) if self.keep_host else None))
+                    group.append((index, host_rgb(array, colour) if self.keep_host else None))
                     uploaded.synchronize()  # the slot is reused once this returns
                     frame = None
                 self._decoder.release(slot)

@@ -299,7 +299,7 @@ def _one(args: argparse.Namespace, video: Path, paths: dict[str, Path], get_pipe
     if run.interrupted:
         return run
     if run.job is None or run.job.frames == 0:
-        raise InputError(f"{video}: no frame could be read (empty, corrupt, or a codec OpenCV cannot decode)")
+        raise InputError(f"{video}: no frame could be read (empty, corrupt, or a codec neither FFmpeg nor OpenCV decodes)")
     summary.fps = run.job.reader.fps
     summary.write_json(paths["summary"])
     if plots is not None:

@@ -380,7 +380,7 @@ def run(args: argparse.Namespace) -> int:
         if result.interrupted:
             print("interrupted before the first frame", file=sys.stderr)
             return 130
-        raise InputError(f"{source}: no frame could be read (empty, corrupt, or a codec OpenCV cannot decode)")
+        raise InputError(f"{source}: no frame could be read (empty, corrupt, or a codec neither FFmpeg nor OpenCV decodes)")
     _summary(job, job.reader, result)
     print(startup.format("first results"), file=sys.stderr)
     return 130 if result.interrupted else 0

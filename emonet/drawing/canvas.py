@@ -112,14 +112,20 @@ def _segment_table(lines: list) -> Optional[np.ndarray]:
 
 def _dot_tables(dots: list) -> dict[int, np.ndarray]:
     """Per radius, ``(K, 8)`` int64: centre x, y, frame, clip x0, y0, x1, y1 and the packed colour."""
-    groups: dict[int, list] = {}
+    groups: dict[int, tuple[list, list, list]] = {}  # radius -> centres, per-group (frame, clip, colour), counts
     for frame, centres, radius, color, clip in dots:
-        centres = np.rint(np.asarray(centres, np.float64).reshape(-1, 2)).astype(np.int64)
-        packed = (np.asarray(color, np.int64).reshape(-1, 3) * [65536, 256, 1]).sum(1)
-        groups.setdefault(int(radius), []).append(np.column_stack([
-            centres, np.full(len(centres), frame), np.broadcast_to(np.asarray(clip, np.int64), (len(centres), 4)),
-            np.broadcast_to(packed, len(centres))]))
-    return {r: np.concatenate(rows) for r, rows in groups.items()}
+        centres = np.asarray(centres, np.float64).reshape(-1, 2)
+        group = groups.setdefault(int(radius), ([], [], []))
+        group[0].append(centres)
+        group[2].append(len(centres))
+        r, g, b = (int(c) for c in color)
+        group[1].append((frame, *clip, r * 65536 + g * 256 + b))
+    tables = {}
+    for radius, (centres, meta, counts) in groups.items():
+        # One conversion per radius, not per mark: this runs for every frame drawn.
+        xy = np.rint(np.concatenate(centres)).astype(np.int64)
+        tables[radius] = np.hstack([xy, np.repeat(np.array(meta, np.int64), counts, axis=0)])
+    return tables
 
 
 def _box_sides(box: tuple[int, int, int, int], thickness: int) -> list[tuple[int, int, int, int]]:

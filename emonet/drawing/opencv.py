@@ -105,7 +105,7 @@ def text_origin(text: str, scale: float, thickness: int = 1) -> int:
     return cv2.getTextSize(text, FONT, scale, thickness)[0][1]
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=128)  # every radius face_marks gives (18 to 90) and the panel's: faces change size
 def disc_sprite(radius: int) -> np.ndarray:
     """The valence (x) / arousal (y, up) disc: darkened, outlined, with axes and their letters."""
     side = 2 * radius + 3
@@ -194,8 +194,9 @@ def disc_points(points: np.ndarray, radius: int) -> tuple[np.ndarray, np.ndarray
 
 def circumplex_xy(center: tuple[int, int], radius: int, va) -> np.ndarray:
     """Pixel positions of valence/arousal pairs (N, 2) on a disc: valence right, arousal up."""
-    va = np.clip(np.asarray(va, np.float64).reshape(-1, 2), -1, 1)
-    return np.rint(np.stack([center[0] + va[:, 0] * radius, center[1] - va[:, 1] * radius], 1)).astype(np.int64)
+    # Array methods, not np.clip and np.stack: this runs for every face of every drawn frame.
+    va = np.asarray(va, np.float64).reshape(-1, 2).clip(-1, 1) * (radius, -radius)
+    return (va + center).round().astype(np.int64)
 
 
 def _draw_points(img: np.ndarray, points: np.ndarray, radius: int, color=(0, 255, 255)) -> None:

@@ -129,3 +129,43 @@ def test_a_missing_path_is_one_line_and_leaves_no_folder(tmp_path):
     out = demo_video("--video", tmp_path / "nowhere", "--out-dir", tmp_path / "out", *COMMON)
     assert out.returncode == 2 and out.stderr.strip().endswith("no such video file or folder")
     assert "Traceback" not in out.stderr and not (tmp_path / "out").exists()
+
+
+def test_annotated_videos_of_a_collection_each_have_their_own_frames(recordings, single_run, tmp_path):
+    from .test_video import probe
+
+    # The next video starts before the last one's final frames are written: each file still gets its own.
+    result = demo_video("--video", recordings / "a.mp4", recordings / "sub" / "c.mp4", "--out-dir", tmp_path,
+                        "--output-videos", *COMMON, env=one_thread())
+    assert result.returncode == 0, result.stderr
+    for stem, frames in (("a", 10), ("c", 6)):
+        info = probe(tmp_path / f"{stem}.mp4")
+        assert (info["codec"], info["pix_fmt"], info["frames"]) == ("h264", "yuv420p", frames)
+        assert (tmp_path / f"{stem}.csv").read_text() == (single_run[0] / f"{stem}.csv").read_text()
+
+
+def test_sigterm_ends_a_collection_cleanly_and_a_rerun_finishes_it(tmp_path):
+    import signal
+    import time
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in "pqr":
+        make_clip(folder / f"{name}.mp4", frames=16)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "demo_video.py"), "--video", str(folder), "--out-dir",
+                             str(out), *COMMON], stderr=subprocess.PIPE, text=True, env=one_thread())
+    deadline = time.monotonic() + 300
+    while not (out / "p.summary.json").exists() and time.monotonic() < deadline:  # the first video is done
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    done = {p.name.split(".")[0] for p in out.glob("*.summary.json")}
+    assert "p" in done and len(done) < 3
+    for stem in done:  # a finished video has every output, whole
+        assert len(read_csv(out / f"{stem}.csv")) == 16 and (out / f"{stem}.png").exists()
+    assert not list(out.glob(".*"))  # no partial file left behind
+    again = demo_video("--video", folder, "--out-dir", out, *COMMON, env=one_thread())
+    assert again.returncode == 0, again.stderr
+    assert f"{len(done)} skipped" in again.stderr and len(list(out.glob("*.summary.json"))) == 3

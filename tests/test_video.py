@@ -252,6 +252,61 @@ def test_reader_decodes_in_a_child_process_and_leaves_nothing_behind(clip):
         assert np.array_equal(frame.image, expected)
 
 
+def shm_frames() -> set:
+    return set(Path("/dev/shm").glob("emonet-frames-*")) if Path("/dev/shm").is_dir() else set()
+
+
+def test_a_sequence_decodes_many_videos_in_one_process_each_as_alone(clip, tmp_path):
+    from emonet.io.images import InputError
+    from emonet.io.video import VideoSequence
+    before = shm_frames()
+    large = tmp_path / "large.mp4"  # larger frames than the first video's slots hold: new slots
+    writer = cv2.VideoWriter(str(large), cv2.VideoWriter_fourcc(*"mp4v"), 25.0, (640, 480))
+    for i in range(4):
+        writer.write(np.full((480, 640, 3), (30 * i, 90, 160), np.uint8))
+    writer.release()
+    (tmp_path / "broken.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42 this is not a video")
+    sources = [clip, tmp_path / "broken.mp4", large, tmp_path / "gone.mp4", clip]
+    sequence = VideoSequence(sources)
+    first = sequence.next()
+    child = sequence._decoder.process
+    taken = []
+    for frame in first:  # stopped early: the rest of this video is read past, not handed to the next
+        taken.append(frame)
+        if len(taken) == 3:
+            break
+    first.close()
+    with pytest.raises(InputError, match="broken.mp4: not a video"):
+        sequence.next()
+    third = sequence.next()
+    big = list(third)
+    third.close()
+    with pytest.raises(InputError, match="gone.mp4: no such video file"):
+        sequence.next()
+    last = sequence.next()
+    whole = list(last)
+    last.close()
+    sequence.close()
+    assert child.poll() is not None and shm_frames() == before
+    expected = decoded_rgb(clip, 25)
+    assert [f.index for f in taken] == [0, 1, 2] and [f.index for f in whole] == list(range(25))
+    assert all(np.array_equal(f.image, e) for f, e in zip(taken + whole, expected[:3] + expected))
+    assert [f.shape for f in big] == [(480, 640, 3)] * 4 and np.array_equal(big[2].image, decoded_rgb(large, 4)[2])
+    assert third.fps == 25.0 and third.frame_count == 4
+
+
+def test_a_sequence_stops_each_video_at_its_end_time(clip):
+    from emonet.io.video import VideoSequence
+    sequence = VideoSequence([clip, clip], start=0.2, end=0.4)  # 25 frames/s: frames 5 to 10
+    indices = []
+    for _ in range(2):
+        reader = sequence.next()
+        indices.append([f.index for f in reader])
+        reader.close()
+    sequence.close()
+    assert indices == [list(range(5, 11))] * 2
+
+
 def test_reader_follows_frames_that_change_size(tmp_path):
     from emonet.io.video import VideoReader
     # Larger than the first (sent through the pipe, twice in a row), smaller (in a slot), the first again.

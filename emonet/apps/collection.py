@@ -13,15 +13,15 @@ import json
 import os
 import sys
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
 from ..io.images import InputError, check_writable_dir
 from ..summary import PlotProcess, VideoSummary, write_summary_csv
 from ..timing import StartupClock
-from .video import LazyPipeline, Outputs, analyse, open_reader
+from ..io.video import VideoSequence
+from ..runtime import select_device
+from .video import LazyPipeline, Outputs, VideoTask, analyse_many, no_frames
 
 VIDEO_EXTENSIONS = {".mp4", ".mov", ".avi", ".mkv", ".m4v", ".webm", ".mpg", ".mpeg", ".wmv", ".flv", ".3gp",
                     ".ts", ".mts"}
@@ -130,7 +130,8 @@ class _Distributed:
 
 
 def run_collection(args: argparse.Namespace) -> int:
-    """Process every video given into ``--out-dir``; 0 when all are done, 1 when some failed, 2 on bad input."""
+    """Process every video given into ``--out-dir``; 0 when all are done, 1 when some failed, 2 on bad input,
+    130 when interrupted (Ctrl-C or SIGTERM: the videos finished so far are complete)."""
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"{out_dir}: exists and is not a folder")
@@ -161,36 +162,56 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     get_pipeline = LazyPipeline(args, job=sum(counts[i] for i in share))  # the warm-up fits the whole share
 
     errors: dict[str, str] = {}
+
+    def failed(video: str, message: str) -> None:  # one line; the others go on
+        errors[video] = message
+        print(f"error: {message}", file=err)
+
+    # One decoding process takes the videos one after the other, the next one's first frames decoded and
+    # uploaded while this one's last are analysed; each video's plot is drawn by a process of its own.
+    readers = VideoSequence(mine, start=args.start, end=args.end, max_frames=args.max_frames,
+                            device=select_device(args.device, quiet=True), keep_host=False)
+    plots = PlotProcess()
+
+    def tasks():
+        for n, video in enumerate(mine, 1):
+            try:
+                reader = readers.next()
+            except InputError as exc:
+                failed(str(video), str(exc))
+                continue
+            paths = output_paths(out_dir, video, args.output_videos)
+            outputs = Outputs(csv=str(paths["csv"]), video=str(paths["video"]) if "video" in paths else None,
+                              summary=VideoSummary(str(video), [], 0.0))
+            yield VideoTask(str(video), outputs, reader, f"[{n}/{len(mine)}] {video.name}")
+
     frames = 0
     wall0 = time.perf_counter()
     analysis_seconds = 0.0
-    # The next videos' readers open (and start decoding and uploading) while this one is analysed, finished
-    # readers close in the background, and each video's plot is drawn by a process of its own.
-    ahead = _Ahead(args, mine)
-    plots = PlotProcess()
     first = last = None  # when the first video's first frame came, and when the last video ended
-    for n, video in enumerate(mine, 1):
-        paths = output_paths(out_dir, video, args.output_videos)
-        try:
-            reader = ahead.next()
-            run = _one(args, video, paths, get_pipeline, f"[{n}/{len(mine)}] {video.name}",
-                       startup if get_pipeline.pipeline is None else None, reader, plots, ahead.close_reader)
-        except InputError as exc:  # one line; the others go on
-            errors[str(video)] = str(exc)
-            print(f"error: {exc}", file=err)
-            continue
-        except KeyboardInterrupt:
-            ahead.close()
-            plots.wait()
-            raise
-        if run.interrupted:
-            print("interrupted: the video being processed is left incomplete (a rerun redoes it)", file=err)
-            break
-        last = time.perf_counter()
-        first = first if first is not None else last - run.wall
-        frames += run.job.frames
-        analysis_seconds += run.wall
-    ahead.close()
+    interrupted = False
+    runs = analyse_many(args, tasks(), get_pipeline, startup)
+    try:
+        for run in runs:
+            if run.interrupted:
+                interrupted = True
+                print("interrupted: the video being processed is left incomplete (a rerun redoes it)", file=err)
+                break
+            if run.error is not None or run.job is None or run.job.frames == 0:
+                failed(run.source, str(run.error or no_frames(run.source)))
+                continue
+            _write_summary(run, output_paths(out_dir, Path(run.source), args.output_videos), plots)
+            last = time.perf_counter()
+            first = first if first is not None else last - run.wall
+            frames += run.job.frames
+            analysis_seconds += run.wall
+    except KeyboardInterrupt:
+        runs.close()
+        readers.close()
+        plots.wait()
+        raise
+    runs.close()
+    readers.close()
     for path, why in plots.wait().items():  # a failed plot: that video's outputs are incomplete
         video = next((str(v) for v in mine if str(output_paths(out_dir, v, args.output_videos)["plot"]) == path),
                      path or "a video")
@@ -226,53 +247,7 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
         failed = sum(1 for r in records if r.get("error"))
         print(f"summary: {out_dir / 'summary.csv'} ({len(videos) - failed} videos"
               + (f", {failed} failed" if failed else "") + ")", file=err)
-    return 1 if all_errors else 0
-
-
-class _Ahead:
-    """The next videos' readers, opened ``depth`` ahead in threads while one is analysed: opening one starts
-    a decoding process and waits for its first line (about half a second on a GPU server, longer than a
-    short clip's analysis); once open, it decodes and uploads its first frames. An error opening a video
-    is raised at its turn. Finished readers are closed here too, off the analysing thread."""
-
-    def __init__(self, args: argparse.Namespace, videos: list[Path], depth: int = 3) -> None:
-        self.args = args
-        self.videos = list(videos)
-        self.pool = ThreadPoolExecutor(max_workers=depth + 1, thread_name_prefix="emonet-open")
-        self.opening: deque = deque()
-        self.submitted = 0
-        for _ in range(min(depth, len(self.videos))):
-            self._submit()
-
-    def _submit(self) -> None:
-        video = self.videos[self.submitted]
-        self.submitted += 1
-        self.opening.append(self.pool.submit(self._open, video))
-
-    def _open(self, video: Path):
-        reader = open_reader(self.args, str(video))
-        reader.prefetch()
-        return reader
-
-    def next(self):
-        """The next video's reader (the caller's then, to close); raises its InputError."""
-        future = self.opening.popleft()
-        if self.submitted < len(self.videos):
-            self._submit()
-        return future.result()
-
-    def close_reader(self, reader) -> None:
-        """Close a finished reader in the background."""
-        self.pool.submit(reader.close)
-
-    def close(self) -> None:
-        """Close the readers nobody took (an interrupted run), and the threads."""
-        while self.opening:
-            try:
-                self.opening.popleft().result().close()
-            except InputError:
-                pass
-        self.pool.shutdown()
+    return 130 if interrupted else 1 if all_errors else 0
 
 
 def _complete(paths: dict[str, Path]) -> bool:
@@ -280,30 +255,10 @@ def _complete(paths: dict[str, Path]) -> bool:
     return all(p.is_file() for p in paths.values())
 
 
-def _one(args: argparse.Namespace, video: Path, paths: dict[str, Path], get_pipeline, desc: str,
-         startup: Optional[StartupClock] = None, reader=None, plots: Optional[PlotProcess] = None,
-         close_reader=None):
-    """One video into its outputs; the summary and plot are written only after the rows are complete (the
-    plot by ``plots``, if given; the reader closed by ``close_reader``, if given)."""
-    summary = VideoSummary(str(video), [], 0.0)
-
-    def pipeline_for(shape: tuple, frames: Optional[int] = None):
-        pipeline = get_pipeline(shape, frames)
-        summary.class_names, summary.untrained = list(pipeline.engine.class_names), pipeline.engine.untrained
-        return pipeline
-
-    outputs = Outputs(csv=str(paths["csv"]), video=str(paths["video"]) if "video" in paths else None,
-                      summary=summary)
-    run = analyse(args, str(video), outputs, pipeline_for, desc=desc, startup=startup, reader=reader,
-                  close_reader=close_reader)
-    if run.interrupted:
-        return run
-    if run.job is None or run.job.frames == 0:
-        raise InputError(f"{video}: no frame could be read (empty, corrupt, or a codec neither FFmpeg nor OpenCV decodes)")
+def _write_summary(run, paths: dict[str, Path], plots: PlotProcess) -> None:
+    """A finished video's summary and plot (the plot by ``plots``), written only now its rows are complete."""
+    summary, engine = run.job.outputs.summary, run.job.engine
+    summary.class_names, summary.untrained = list(engine.class_names), engine.untrained
     summary.fps = run.job.reader.fps
     summary.write_json(paths["summary"])
-    if plots is not None:
-        plots.submit(summary, paths["plot"])
-    else:
-        summary.plot(paths["plot"])
-    return run
+    plots.submit(summary, paths["plot"])

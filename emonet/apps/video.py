@@ -21,7 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 from tqdm import tqdm
@@ -274,6 +274,18 @@ class VideoRun:
     video: Optional[Path]           # the annotated video, if one was written
     interrupted: bool
     cpu: dict                       # CPU-seconds meanwhile: this process, decoding, encoding
+    error: Optional[InputError] = None  # decoding failed part-way: the frames before are kept
+    source: str = ""
+
+
+@dataclass
+class VideoTask:
+    """One video to analyse: its source, where its results go, its reader if opened ahead, its progress label."""
+
+    source: str
+    outputs: Outputs
+    reader: Optional[VideoReader] = None
+    desc: Optional[str] = None
 
 
 def _cpu_seconds() -> tuple[float, float]:
@@ -291,75 +303,151 @@ def open_reader(args: argparse.Namespace, source: str) -> VideoReader:
                        device=select_device(args.device, quiet=True), keep_host=False)
 
 
-def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipeline,
-            desc: Optional[str] = None, startup: Optional[StartupClock] = None,
-            reader: Optional[VideoReader] = None, close_reader=None) -> VideoRun:
-    """Run one video through the pipeline (``get_pipeline(shape, frames)`` loads it on first use) into
-    ``outputs``; ``startup``, if given, is marked as the model loads and the first results come; ``reader``
-    is the video's reader if it was opened ahead (see :func:`open_reader`), and ``close_reader(reader)``
-    closes it at the end (default: ``reader.close()``, here).
+class _Running:
+    """One video while its chunks flow: its job, reader, progress bar and clocks."""
 
-    Ctrl-C and SIGTERM end the run cleanly: every finished frame is kept in every output.
-    """
-    if reader is None:
-        reader = open_reader(args, source)
-    job = None
-    interrupted = False
-    stop = _Stop().install()
-    # With the networks on a GPU, this process's CPU tensor work (the detector's box decoding) is small;
-    # torch's default of a thread per core only competes with FFmpeg's decoding threads for the CPU.
-    threads = torch.get_num_threads()
-    if reader.device is not None:
-        torch.set_num_threads(min(4, threads))
-    wall0 = time.perf_counter()
-    try:
+    def __init__(self, args: argparse.Namespace, task: VideoTask, reader: VideoReader, get_pipeline,
+                 startup: Optional[StartupClock]) -> None:
+        self.reader, self.startup, self.source = reader, startup, task.source
+        self.job: Optional[VideoJob] = None
+        self.bar = None
+        self.error: Optional[InputError] = None
+        self.ended = False
         height, width, _ = reader.frame_shape
         if startup is not None:
             startup.mark("opening the video")
         pipeline = get_pipeline((height or 720, width or 1280, 3), reader.expected_frames)  # cameras may not say
         if startup is not None:
             startup.mark("model, engine and warm-up")
-        cpu0 = _cpu_seconds()  # before the job exists: its encoders' CPU is counted from here
-        job = VideoJob(args, pipeline, reader, outputs)
-        wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
-        bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True, desc=desc)
+        self.cpu0 = _cpu_seconds()  # before the job exists: its encoders' CPU is counted from here
+        self.job = VideoJob(args, pipeline, reader, task.outputs)
+        self.wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
+        self.bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True,
+                        desc=task.desc)
 
-        def finish(done: PendingChunk) -> None:
-            job.finish(done)
-            if startup is not None:
-                startup.mark("first frames")
-            bar.update(len(done.frames))
-            bar.set_postfix(faces=job.faces, refresh=False)
+    def finish(self, done: PendingChunk) -> None:
+        """Read a chunk's results and write them everywhere."""
+        self.job.finish(done)
+        if self.startup is not None:
+            self.startup.mark("first frames")
+        self.bar.update(len(done.frames))
+        self.bar.set_postfix(faces=self.job.faces, refresh=False)
 
-        # Software-pipelined: chunk n's detection is queued, chunk n - 1's EmoNet results are read while it
-        # runs (their landmarks place chunk n's crops), then chunk n is tracked, cropped and queued.
-        pending = None
-        stop.flowing = True
-        for chunk in _chunks(reader, args.batch_size):
-            flags, boxes = job.detect(chunk)
-            if pending is not None:
-                finish(pending)
-            if stop.asked:  # the chunk only queued is dropped: it is in no output
-                break
-            pending = job.launch(chunk, flags, boxes)
-        if pending is not None and not stop.asked:
-            finish(pending)
-        interrupted = stop.asked
-        bar.close()
+    def end(self, interrupted: bool) -> VideoRun:
+        """Close the reader and every output (each finished frame kept); how the run went."""
+        self.ended = True
+        if self.bar is not None:
+            self.bar.close()
+        try:
+            self.reader.close()
+        finally:
+            video = self.job.close() if self.job is not None else None
+        cpu = {}
+        if self.job is None:
+            return VideoRun(None, 0.0, None, interrupted, cpu, self.error, self.source)
+        self.job._sync()
+        own, children = (b - a for a, b in zip(self.cpu0, _cpu_seconds()))  # the reader's and encoders' have ended
+        encoding = sum(self.job.annotated.cpu_seconds.values()) if self.job.annotated is not None else 0.0
+        cpu = {"this process": own, "decoding": children - encoding, "encoding": encoding}
+        return VideoRun(self.job, time.perf_counter() - self.wall0, video, interrupted, cpu, self.error, self.source)
+
+
+def analyse_many(args: argparse.Namespace, tasks: Iterable[VideoTask], get_pipeline,
+                 startup: Optional[StartupClock] = None) -> Iterator[VideoRun]:
+    """Run videos through the pipeline one after the other, each video's :class:`VideoRun` given once its
+    outputs are closed; ``get_pipeline(shape, frames)`` loads the pipeline on first use, ``startup`` (if
+    given) is marked as it loads and the first results come.
+
+    Software-pipelined on a GPU: chunk n's detection is queued, chunk n - 1's results are read while it runs
+    (their landmarks place chunk n's crops), then chunk n is tracked, cropped and queued. Across videos
+    nothing waits: the next video's first chunk, which needs nothing of the last, is queued before the last
+    video's final chunk is read. Ctrl-C and SIGTERM end the run cleanly: every finished frame is kept in
+    every output, and the video being read is given as interrupted, the last one.
+    """
+    stop = _Stop().install()
+    # With the networks on a GPU, this process's CPU tensor work (the detector's box decoding) is small;
+    # torch's default of a thread per core only competes with FFmpeg's decoding threads for the CPU.
+    threads = torch.get_num_threads()
+    current: Optional[_Running] = None
+    previous: Optional[tuple[_Running, PendingChunk]] = None  # the last video's final chunk, not yet read
+    try:
+        for task in tasks:
+            reader = task.reader if task.reader is not None else open_reader(args, task.source)
+            if reader.device is not None:
+                torch.set_num_threads(min(4, threads))
+            try:
+                current = _Running(args, task, reader, get_pipeline, startup)
+            except BaseException:
+                reader.close()
+                raise
+            startup = None
+            pending = None
+            stop.flowing = True
+            try:
+                for chunk in _chunks(reader, args.batch_size):
+                    flags, boxes = current.job.detect(chunk)
+                    if pending is not None:
+                        current.finish(pending)
+                    if stop.asked:  # the chunk only queued is dropped: it is in no output
+                        pending = None
+                        break
+                    launched = current.job.launch(chunk, flags, boxes)
+                    if previous is not None:  # the last video's final chunk, read while this one's first runs
+                        done, previous = previous, None
+                        done[0].finish(done[1])
+                        yield done[0].end(interrupted=False)
+                    pending = launched
+            except InputError as exc:  # decoding failed part-way: the frames before it are kept
+                current.error = exc
+                pending = None
+            if previous is not None:  # this video gave no chunk
+                done, previous = previous, None
+                done[0].finish(done[1])
+                yield done[0].end(interrupted=False)
+            if stop.asked or pending is None:
+                if pending is not None:
+                    current.finish(pending)
+                run, current = current.end(interrupted=stop.asked), None
+                yield run
+                if stop.asked:
+                    return
+            else:
+                previous, current = (current, pending), None
+        if previous is not None:
+            done, previous = previous, None
+            done[0].finish(done[1])
+            yield done[0].end(interrupted=False)
     except KeyboardInterrupt:
-        interrupted = True
+        # Stopped at once (a second Ctrl-C, or one before frames flowed): what is finished is kept; the
+        # chunks still on the GPU are in no output.
+        for running in (previous[0] if previous else None, current):
+            if running is not None and not running.ended:
+                run = running.end(interrupted=True)
+                if running is current:
+                    yield run
     finally:
         stop.restore()
         torch.set_num_threads(threads)
-        close_reader(reader) if close_reader is not None else reader.close()
-        video = job.close() if job else None
-    cpu = {}
-    if job is not None:
-        job._sync()
-        own, children = (b - a for a, b in zip(cpu0, _cpu_seconds()))  # the reader's and encoders' have ended
-        encoding = sum(job.annotated.cpu_seconds.values()) if job.annotated is not None else 0.0
-        cpu = {"this process": own, "decoding": children - encoding, "encoding": encoding}
-    return VideoRun(job, time.perf_counter() - wall0, video, interrupted, cpu)
+        for running in (previous[0] if previous else None, current):
+            if running is not None and not running.ended:
+                running.end(interrupted=True)
+
+
+def no_frames(source: str) -> InputError:
+    """The error of a video from which no frame could be read."""
+    return InputError(f"{source}: no frame could be read (empty, corrupt, or a codec neither FFmpeg nor OpenCV decodes)")
+
+
+def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipeline,
+            desc: Optional[str] = None, startup: Optional[StartupClock] = None) -> VideoRun:
+    """One video through the pipeline (see :func:`analyse_many`); a decoding error part-way is raised once the
+    frames before it are written."""
+    runs = list(analyse_many(args, [VideoTask(source, outputs, desc=desc)], get_pipeline, startup))
+    if not runs:  # interrupted before the video was open
+        return VideoRun(None, 0.0, None, True, {}, source=source)
+    if runs[-1].error is not None:
+        raise runs[-1].error
+    return runs[-1]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -380,7 +468,7 @@ def run(args: argparse.Namespace) -> int:
         if result.interrupted:
             print("interrupted before the first frame", file=sys.stderr)
             return 130
-        raise InputError(f"{source}: no frame could be read (empty, corrupt, or a codec neither FFmpeg nor OpenCV decodes)")
+        raise no_frames(source)
     _summary(job, job.reader, result)
     print(startup.format("first results"), file=sys.stderr)
     return 130 if result.interrupted else 0

@@ -10,20 +10,26 @@ on the CPU (3 bytes a pixel): on a 16-core GPU server PyAV decoded a 720p clip 2
 two thirds of the CPU. OpenCV still reads cameras, numbered images, and the files PyAV cannot hand over
 as I420 as they are (no PyAV, odd sides, a rotation to apply), as BGR.
 
-Protocol, one text line per message. The child writes on stdout:
+The spec lists one or more videos (a collection's, in the order they are analysed): each is decoded in
+turn, the next one's first frames into the slots as soon as the last one's are handed back, so many
+short videos cost one process start and no pause between them.
 
-- ``I fps frame_count height width slots path layout``: opened; ``path`` is the slot file (the parent
-  maps it and deletes its name at once), ``-`` when the video has no frame at all; ``layout`` is
-  ``bgr`` (height x width x 3 bytes) or ``i420:MATRIX:RANGE`` (yuv420p planes, ``MATRIX`` 601 or 709,
-  ``RANGE`` limited or full);
+Protocol, one text line per message. The child writes on stdout, for each video in turn:
+
+- ``I fps frame_count height width slots path layout``: opened; ``path`` is a new slot file (the parent
+  maps it and deletes its name at once), ``=`` when the last video's slots serve this one too, ``-`` when
+  the video has no frame at all; ``layout`` is ``bgr`` (height x width x 3 bytes) or
+  ``i420:MATRIX:RANGE`` (yuv420p planes, ``MATRIX`` 601 or 709, ``RANGE`` limited or full);
 - ``F slot height width seconds``: a frame is in ``slot``; ``seconds`` is the time its decoding took;
 - ``B height width seconds``, then the frame's bytes: a frame too large for a slot (the video changed
   size), sent through the pipe instead;
-- ``D``: no more frames; ``X reason``: the video could not be opened; ``E message``: decoding failed.
+- ``D``: no more frames of this video (at its end, ``max_frames`` or ``end``); ``X reason``: it could not
+  be opened; ``E message``: decoding failed. The next video follows.
 
 The parent writes a slot number on stdin when it has finished with that slot. The child decodes ahead
-into free slots and waits for one when none is left, so memory stays bounded. It ignores Ctrl-C: the
-parent, which sees it too, ends the child when it closes the reader.
+into free slots and waits for one when none is left, so memory stays bounded; a video with larger frames
+gets a new slot file once every slot of the old one is back. It ignores Ctrl-C: the parent, which sees it
+too, ends the child when it closes the reader.
 """
 from __future__ import annotations
 
@@ -221,8 +227,30 @@ def _slot_file(spec: dict, slot_bytes: int):
     return 0, None, None
 
 
+def _open(video: dict):
+    """``(reader, first frame as decoded, seconds it took)`` of one video; reader None: it cannot be opened."""
+    source = video["source"]
+    reader = None
+    if isinstance(source, str) and "%" not in source:
+        reader = open_pyav(source, video["start"])
+    if reader is not None:
+        t0 = time.perf_counter()
+        frame = reader.first()
+        if frame is not None:
+            return reader, reader.planes(frame, lambda h, w: None), time.perf_counter() - t0
+        reader.close()  # PyAV opened it but decodes nothing, or the frames must be rotated: OpenCV
+    capture = open_capture(source, video["start"])
+    if not capture.isOpened():
+        return None, None, 0.0
+    reader = _OpenCV(capture)
+    t0 = time.perf_counter()
+    first = reader.read(lambda h, w: None)  # the slots are sized by the first frame itself (cameras may not say)
+    return reader, first, time.perf_counter() - t0
+
+
 def main(spec: dict) -> int:
-    """Decode ``spec['source']`` into up to ``spec['slots']`` slots of a file in one of ``spec['folders']``."""
+    """Decode each of ``spec['videos']`` in turn into up to ``spec['slots']`` slots of a file in one of
+    ``spec['folders']``: the next video's frames follow the last one's without a pause."""
     import numpy as np
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -232,110 +260,122 @@ def main(spec: dict) -> int:
         out.write(line.encode() + b"\n" + payload)
         out.flush()
 
-    source = spec["source"]
-    reader = None
-    if isinstance(source, str) and "%" not in source:
-        reader = open_pyav(source, spec["start"])
-    first = None
-    if reader is not None:
-        t0 = time.perf_counter()
-        frame = reader.first()
-        if frame is None:  # PyAV opened it but decodes nothing, or the frames must be rotated: OpenCV
-            reader.close()
-            reader = None
-        else:
-            first = reader.planes(frame, lambda h, w: None)
-            first_seconds = time.perf_counter() - t0
-    if reader is None:
-        capture = open_capture(source, spec["start"])
-        if not capture.isOpened():
-            say("X cannot-open")
-            return 0
-        reader = _OpenCV(capture)
-        t0 = time.perf_counter()
-        first = reader.read(lambda h, w: None)  # the slots are sized by the first frame itself (cameras may not say)
-        first_seconds = time.perf_counter() - t0
-    fps, count = reader.fps, reader.count
-    if first is None:
-        reader.close()
-        say(f"I {fps} {count} 0 0 0 - {reader.layout}")
-        say("D")
-        return 0
-    bgr = reader.layout == "bgr"
-
-    def size(frame) -> tuple:
-        """``(h, w)`` of a frame as decoded (BGR, or I420 planes one after the other)."""
-        return frame.shape[:2] if bgr else (frame.shape[0] * 2 // 3, frame.shape[1])
-
-    h, w = size(first)
-    slot_bytes = first.nbytes
-    slots, path, memory = _slot_file(spec, slot_bytes)
-    if memory is None:
-        reader.close()
-        say(f"E no room for {spec['slots']} decoded frames of {w}x{h} in {' or '.join(spec['folders'])}")
-        return 0
-    say(f"I {fps} {count} {h} {w} {slots} {path} {reader.layout}")
-
-    whole = np.frombuffer(memory, dtype=np.uint8)
-    free = deque(range(slots))
+    memory = path = None
+    slots = slot_bytes = 0
+    free: deque = deque()
     views: dict = {}  # (slot, shape) -> array over the slot
+
+    def take_back() -> bool:
+        """Wait for the parent to hand a slot back; False once it has gone."""
+        line = inp.readline()
+        if not line:
+            return False
+        free.append(int(line))
+        return True
 
     def view(slot: int, shape: tuple):
         key = (slot, shape)
         if key not in views:
             n = int(np.prod(shape))
-            views[key] = whole[slot * slot_bytes: slot * slot_bytes + n].reshape(shape)
+            views[key] = np.frombuffer(memory, dtype=np.uint8)[slot * slot_bytes: slot * slot_bytes + n].reshape(shape)
         return views[key]
 
-    def shape(h: int, w: int) -> tuple:
-        return (h, w, 3) if bgr else (h * 3 // 2, w)
-
-    pending, seconds, produced = first, first_seconds, 0
-    limit = spec.get("max_frames")
     try:
-        while limit is None or produced < limit:
-            while not free:
-                line = inp.readline()
-                if not line:  # the parent has gone
-                    return 0
-                free.append(int(line))
-            slot = free.popleft()
-            if pending is not None:  # the first frame, read before the slots existed
-                frame, pending = pending, None
-            else:
-                # Decoded (or copied) straight into the slot while frames fit it; a larger frame gets an
-                # array of its own and goes through the pipe.
-                t0 = time.perf_counter()
-                frame = reader.read(lambda fh, fw: view(slot, shape(fh, fw))
-                                    if reader.nbytes(fh, fw) <= slot_bytes else None)
-                seconds = time.perf_counter() - t0
-                if frame is None:
-                    break
-            h, w = size(frame)
-            produced += 1
-            if frame.nbytes > slot_bytes:  # the video grew: this frame goes through the pipe
-                say(f"B {h} {w} {seconds:.6f}", frame.tobytes())
-                free.appendleft(slot)
+        for video in spec["videos"]:
+            reader, first, seconds = _open(video)
+            if reader is None:
+                say("X cannot-open")
                 continue
-            target = view(slot, frame.shape)
-            if frame.ctypes.data != target.ctypes.data:
-                np.copyto(target, frame)
-            say(f"F {slot} {h} {w} {seconds:.6f}")
-        say("D")
+            fps, count, bgr = reader.fps, reader.count, reader.layout == "bgr"
+            if first is None:
+                reader.close()
+                say(f"I {fps} {count} 0 0 0 - {reader.layout}")
+                say("D")
+                continue
+
+            def size(frame) -> tuple:
+                """``(h, w)`` of a frame as decoded (BGR, or I420 planes one after the other)."""
+                return frame.shape[:2] if bgr else (frame.shape[0] * 2 // 3, frame.shape[1])
+
+            def shape(h: int, w: int) -> tuple:
+                return (h, w, 3) if bgr else (h * 3 // 2, w)
+
+            h, w = size(first)
+            named = "="  # the slots so far serve this video too
+            if first.nbytes > slot_bytes:  # the first video, or larger frames: slots of this size
+                while len(free) < slots:  # every slot handed back: the parent has finished with the old file
+                    if not take_back():
+                        return 0
+                views.clear()
+                frame = target = None  # no view of the old slots may outlive their file
+                if memory is not None:
+                    try:
+                        memory.close()
+                    except BufferError:  # a view is still about: the mapping goes with it
+                        pass
+                    try:
+                        os.unlink(path)  # normally the parent already did, right after mapping it
+                    except FileNotFoundError:
+                        pass
+                slot_bytes = first.nbytes
+                slots, path, memory = _slot_file(spec, slot_bytes)
+                if memory is None:
+                    reader.close()
+                    say(f"E no room for {spec['slots']} decoded frames of {w}x{h} in {' or '.join(spec['folders'])}")
+                    return 0
+                free, named = deque(range(slots)), path
+            say(f"I {fps} {count} {h} {w} {slots} {named} {reader.layout}")
+            # Where this video's run ends: --max-frames, or --end by the parent's reckoning of frame times.
+            rate = fps if 0 < fps < 1000 else 30.0
+            index = int(round(video["start"] * rate)) if video["start"] > 0 else 0
+            end, limit = video.get("end"), video.get("max_frames")
+            pending, produced = first, 0
+            try:
+                while (limit is None or produced < limit) and (end is None or index / rate <= end):
+                    while not free:
+                        if not take_back():  # the parent has gone
+                            return 0
+                    slot = free.popleft()
+                    if pending is not None:  # the first frame, read before the slots existed
+                        frame, pending = pending, None
+                    else:
+                        # Decoded (or copied) straight into the slot while frames fit it; a larger frame gets
+                        # an array of its own and goes through the pipe.
+                        t0 = time.perf_counter()
+                        frame = reader.read(lambda fh, fw: view(slot, shape(fh, fw))
+                                            if reader.nbytes(fh, fw) <= slot_bytes else None)
+                        seconds = time.perf_counter() - t0
+                        if frame is None:
+                            free.appendleft(slot)
+                            break
+                    h, w = size(frame)
+                    produced += 1
+                    index += 1
+                    if frame.nbytes > slot_bytes:  # the video grew: this frame goes through the pipe
+                        say(f"B {h} {w} {seconds:.6f}", frame.tobytes())
+                        free.appendleft(slot)
+                        continue
+                    target = view(slot, frame.shape)
+                    if frame.ctypes.data != target.ctypes.data:
+                        np.copyto(target, frame)
+                    say(f"F {slot} {h} {w} {seconds:.6f}")
+                say("D")
+            except BrokenPipeError:
+                raise
+            except Exception as exc:  # one line for the parent to report; the next video goes on
+                say(f"E {type(exc).__name__}: {exc}".replace("\n", " "))
+            finally:
+                reader.close()
         while inp.readline():  # the slot file stays named until the parent has mapped it: wait for its end
             pass
     except BrokenPipeError:  # the parent closed the reader early; nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
-    except Exception as exc:  # one line for the parent to report
-        say(f"E {type(exc).__name__}: {exc}".replace("\n", " "))
-        while inp.readline():
-            pass
     finally:
-        reader.close()
-        try:
-            os.unlink(path)  # normally the parent already did, right after mapping it
-        except FileNotFoundError:
-            pass
+        if path is not None:
+            try:
+                os.unlink(path)  # normally the parent already did, right after mapping it
+            except FileNotFoundError:
+                pass
     return 0
 
 

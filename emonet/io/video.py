@@ -15,7 +15,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import cv2
 import numpy as np
@@ -114,44 +114,52 @@ class _Decoder:
     In a thread of this process, decoding waited for the GIL whenever it handed a frame over, and
     FFmpeg's threads idled meanwhile; a process of its own decodes ahead into a few reusable slots of a
     memory-mapped file (in /dev/shm where there is room), which on a GPU are also page-locked for
-    asynchronous uploads.
+    asynchronous uploads. ``videos`` (each ``{source, start, end, max_frames}``) are decoded one after the
+    other; :meth:`next_video` reads each one's header in turn, then :meth:`frames` its frames.
     """
 
     SLOTS = 16
     BUDGET = 256 << 20  # bytes of decoded frames held ahead, at most
 
-    def __init__(self, source: Union[str, int], start: float, max_frames: Optional[int], pin: bool) -> None:
-        spec = {"source": source, "start": start, "max_frames": max_frames, "slots": self.SLOTS,
-                "budget": self.BUDGET, "folders": ["/dev/shm", tempfile.gettempdir()]}
+    def __init__(self, videos: list[dict], pin: bool) -> None:
+        spec = {"videos": videos, "slots": self.SLOTS, "budget": self.BUDGET,
+                "folders": ["/dev/shm", tempfile.gettempdir()]}
         worker = Path(__file__).resolve().with_name("decode_worker.py")
         # FFmpeg's own warnings (OpenCV prints them) are silenced in the child only.
         env = {**os.environ, "OPENCV_FFMPEG_LOGLEVEL": os.environ.get("OPENCV_FFMPEG_LOGLEVEL", "-8")}
         self.process = subprocess.Popen([sys.executable, str(worker), json.dumps(spec)], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-        self.source = source
+        self.pin = pin
+        self.source: Union[str, int, None] = None
         self.memory = None
         self.slot_views: list[np.ndarray] = []
         self._registered = None
+        self.at_end = True  # every message of the current video has been read
+
+    def next_video(self, source: Union[str, int]) -> None:
+        """Read the next video's header: :attr:`fps`, :attr:`frame_count`, :attr:`shape` (zeros: no frame)
+        and :attr:`layout`; an :class:`InputError` when it cannot be opened."""
+        self.source = source
         line = self._line()
         if line[0] == "X":
-            self.close()
             camera = isinstance(source, int)
             raise InputError(f"camera {source} could not be opened (no camera there, or it is in use)" if camera
                              else f"{source}: not a video FFmpeg or OpenCV can open (not a video, corrupt, or an unknown codec)")
         if line[0] != "I":
-            self.close()
             raise InputError(f"{source}: decoding could not start ({self._why(line)})")
         _, fps, count, h, w, slots, path, self.layout = line.split(" ", 7)
         self.fps, self.frame_count = float(fps), int(count)
         self.shape = (int(h), int(w), 3)
-        if path != "-":
+        self.at_end = False
+        if path not in ("-", "="):  # a new slot file: the old one's slots have all been handed back
+            self._unmap()
             with open(path, "r+b") as fh:
                 self.memory = mmap.mmap(fh.fileno(), 0)
             os.unlink(path)  # both processes hold it mapped: nothing is left behind, however they end
             whole = np.frombuffer(self.memory, dtype=np.uint8)
             size = len(whole) // int(slots)
             self.slot_views = [whole[i * size:(i + 1) * size] for i in range(int(slots))]
-            if pin:  # page-locked, a slot uploads asynchronously
+            if self.pin:  # page-locked, a slot uploads asynchronously
                 self._registered = ipc.pin(whole)
 
     def _line(self) -> str:
@@ -185,8 +193,10 @@ class _Decoder:
                     raise RuntimeError(self._why("?"))
                 yield np.frombuffer(data, np.uint8).reshape(shape), float(seconds), None
             elif kind == "D":
+                self.at_end = True
                 return
             else:
+                self.at_end = True
                 raise RuntimeError(self._why(line))
 
     def release(self, slot: Optional[int]) -> None:
@@ -198,6 +208,18 @@ class _Decoder:
             except BrokenPipeError:  # it has finished (the last frames, or --max-frames, were read)
                 pass
 
+    def skip(self) -> None:
+        """Read the rest of the current video's messages, handing its slots straight back (the next video's
+        header comes after them)."""
+        if self.at_end:
+            return
+        try:
+            for _, _, slot in self.frames():
+                self.release(slot)
+        except RuntimeError:  # an error ends the video as well
+            pass
+        self.at_end = True
+
     def close(self) -> None:
         """End the child and free the shared memory (no upload from it may still be running)."""
         if self.process.poll() is None:
@@ -208,6 +230,9 @@ class _Decoder:
                 pipe.close()
             except OSError:  # BrokenPipe flushing stdin
                 pass
+        self._unmap()
+
+    def _unmap(self) -> None:
         ipc.unpin(self._registered)
         self._registered = None
         self.slot_views = []
@@ -229,34 +254,56 @@ class VideoReader:
 
     def __init__(self, source: Union[str, int], start: float = 0.0, end: Optional[float] = None,
                  max_frames: Optional[int] = None, queue_size: int = 32,
-                 device: Optional[torch.device] = None, keep_host: bool = True) -> None:
+                 device: Optional[torch.device] = None, keep_host: bool = True,
+                 decoder: Optional[_Decoder] = None) -> None:
         self.source = source
         self.device = device if device is not None and torch.device(device).type == "cuda" else None
         self.keep_host = keep_host or self.device is None
         camera = isinstance(source, int) or (isinstance(source, str) and source.isdigit())
         sequence = isinstance(source, str) and "%" in source  # numbered images: "frames/%04d.png"
+        problem = None
         if not camera and not sequence and Path(source).is_dir():
-            raise InputError(f"{source}: is a folder, not a video file")
-        if not camera and not sequence and not Path(source).is_file():
-            raise InputError(f"{source}: no such video file")
-        self._decoder = _Decoder(int(source) if camera else str(source), start, max_frames, pin=self.device is not None)
-        self.fps = self._decoder.fps
+            problem = f"{source}: is a folder, not a video file"
+        elif not camera and not sequence and not Path(source).is_file():
+            problem = f"{source}: no such video file"
+        # A decoder of several videos (a VideoSequence's) has this one's header next; its thread runs _run.
+        self._shared = decoder is not None
+        if problem and not self._shared:
+            raise InputError(problem)
+        source = int(source) if camera else str(source)
+        if decoder is None:
+            decoder = _Decoder([{"source": source, "start": start, "end": end, "max_frames": max_frames}],
+                               pin=self.device is not None)
+        self._decoder = decoder
+        try:
+            decoder.next_video(source)
+        except InputError as exc:
+            if not self._shared:
+                decoder.close()
+            raise InputError(problem) if problem else exc
+        if problem:  # the decoder opened what is not there any more: read past it
+            decoder.skip()
+            raise InputError(problem)
+        self.fps = decoder.fps
         if not (0 < self.fps < 1000):
             self.fps = 30.0  # cameras and some files report nothing usable
-        self.frame_count = self._decoder.frame_count
+        self.frame_count = decoder.frame_count
+        self._layout = decoder.layout
         # (H, W, 3) of the first frame (zeros for a video without frames); updated if frames change size.
-        self.frame_shape = self._decoder.shape
+        self.frame_shape = decoder.shape
         self.start, self.end, self.max_frames = start, end, max_frames
         self.first_index = int(round(start * self.fps)) if start > 0 else 0
         if self.frame_count and self.first_index >= self.frame_count:
-            self._decoder.close()
+            decoder.skip() if self._shared else decoder.close()
             raise InputError(f"{source}: --start {start:g} s is past the end of the video "
                              f"({self.frame_count / self.fps:.2f} s, {self.frame_count} frames)")
         self.decode_seconds = 0.0
         self._queue: "queue.Queue[Optional[Frame]]" = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
+        self._done = threading.Event()  # _run has ended: this video's frames are all taken from the decoder
         self._error: Optional[BaseException] = None
         # Started on the first iteration, not here: the child decodes only a few frames ahead until then.
+        # A shared decoder's thread (the VideoSequence's) takes its place.
         self._thread = threading.Thread(target=self._run, name="emonet-frames", daemon=True)
 
     @property
@@ -278,7 +325,7 @@ class VideoReader:
 
     def _run(self) -> None:
         index = self.first_index
-        colour = colours(self._decoder.layout)  # None: BGR frames
+        colour = colours(self._layout)  # None: BGR frames
         stream = torch.cuda.Stream(self.device) if self.device is not None else None
         if stream is not None:
             torch.cuda.set_stream(stream)  # current streams are per thread: this one's, for good
@@ -300,11 +347,10 @@ class VideoReader:
 
         try:
             for array, seconds, slot in self._decoder.frames():
-                if self._stop.is_set():
+                if self._stop.is_set() or (self.end is not None and index / self.fps > self.end):
+                    self._decoder.release(slot)
                     break
                 self.decode_seconds += seconds
-                if self.end is not None and index / self.fps > self.end:
-                    break
                 # (H, W, 3) of the frame; timestamps from the index: some backends report the *next* frame's time
                 self.frame_shape = array.shape if colour is None else (array.shape[0] * 2 // 3, array.shape[1], 3)
                 if stream is None:
@@ -340,6 +386,9 @@ class VideoReader:
             self._error = exc
         finally:
             self._put_end()
+            if self._shared:
+                self._decoder.skip()  # stopped early: the next video's header comes after this one's frames
+            self._done.set()
 
     def _put_end(self) -> None:
         while True:
@@ -352,7 +401,7 @@ class VideoReader:
 
     def prefetch(self) -> None:
         """Start taking (and uploading) decoded frames now, before the first iteration (which starts it anyway)."""
-        if self._thread.ident is None:
+        if self._thread.ident is None and not self._shared:
             self._thread.start()
 
     def __iter__(self) -> Iterator[Frame]:
@@ -366,13 +415,85 @@ class VideoReader:
             yield item
 
     def close(self) -> None:
-        """Stop decoding and release the file or camera."""
+        """Stop decoding and release the file or camera (a shared decoder goes on with the next video)."""
         self._stop.set()
-        if self._decoder.process.poll() is None:
+        if not self._shared and self._decoder.process.poll() is None:
             self._decoder.process.kill()  # also ends a wait of the thread for the next frame
-        while self._thread.is_alive():
+        while self._thread.is_alive() and not self._done.is_set():
             try:
                 self._queue.get_nowait()
             except queue.Empty:
-                self._thread.join(timeout=0.1)
+                self._done.wait(timeout=0.1)
+        if not self._shared:
+            self._thread.join() if self._thread.is_alive() else None
+            self._decoder.close()
+
+
+class VideoSequence:
+    """The readers of several video files, decoded one after the other by one decoding process, without a
+    pause between them: a collection's.
+
+    One thread takes every video's frames in turn (uploading them, as :class:`VideoReader`'s own thread
+    does), so the next video's first frames are decoded and uploaded while this one's last are analysed,
+    and no video waits for a process to start. :meth:`next` gives each video's reader in order, or raises
+    its :class:`InputError`; take one after the last one's frames, close each when done with it, and the
+    sequence at the end.
+    """
+
+    def __init__(self, sources: Sequence[Union[str, Path]], start: float = 0.0, end: Optional[float] = None,
+                 max_frames: Optional[int] = None, device: Optional[torch.device] = None,
+                 keep_host: bool = True) -> None:
+        self.sources = [str(s) for s in sources]
+        self.options = dict(start=start, end=end, max_frames=max_frames, device=device, keep_host=keep_host)
+        gpu = device is not None and torch.device(device).type == "cuda"
+        self._decoder = _Decoder([{"source": s, "start": start, "end": end, "max_frames": max_frames}
+                                  for s in self.sources], pin=gpu)
+        self._readers: "queue.Queue[Union[VideoReader, InputError, None]]" = queue.Queue()
+        self._stop = threading.Event()
+        self._current: Optional[VideoReader] = None
+        self._thread = threading.Thread(target=self._pump, name="emonet-frames", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        for source in self.sources:
+            if self._stop.is_set():
+                break
+            try:
+                reader = VideoReader(source, decoder=self._decoder, **self.options)
+            except InputError as exc:
+                self._readers.put(exc)
+                continue
+            reader._thread = threading.current_thread()
+            self._current = reader
+            if self._stop.is_set():  # closed meanwhile: this reader stops at once
+                reader._stop.set()
+            self._readers.put(reader)
+            reader._run()  # until this video's frames are all taken (or it is closed)
+        self._readers.put(None)
+
+    def next(self) -> VideoReader:
+        """The next video's reader (frames already coming); raises its :class:`InputError`."""
+        item = self._readers.get()
+        if item is None:
+            raise RuntimeError("every video of the sequence has been read, or it was closed")
+        if isinstance(item, InputError):
+            raise item
+        return item
+
+    def close(self) -> None:
+        """Stop decoding; readers not yet closed stop too."""
+        self._stop.set()
+        if self._current is not None:
+            self._current._stop.set()
+        if self._decoder.process.poll() is None:
+            self._decoder.process.kill()  # also ends the thread's wait for the next line
+        while self._thread.is_alive():
+            current = self._current
+            if current is not None:
+                current._stop.set()
+                try:
+                    current._queue.get_nowait()
+                except queue.Empty:
+                    pass
+            self._thread.join(timeout=0.1)
         self._decoder.close()

@@ -98,6 +98,7 @@ def test_torchrun_with_two_processes_gives_the_outputs_of_one(recordings, single
                              *COMMON], capture_output=True, text=True, timeout=600, env=one_thread())
     assert result.returncode != 0 and "broken.mp4" in result.stderr  # the corrupt file is still reported
     assert "rank 0" in result.stderr and "rank 1" in result.stderr  # both processes took videos
+    assert "all 2 processes: 30 frames" in result.stderr  # and their throughput is reported together
     names = sorted(p.name for p in out.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == names
     for name in names:

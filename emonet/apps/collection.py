@@ -66,20 +66,22 @@ def output_paths(out_dir: Path, video: Path, annotated: bool) -> dict[str, Path]
     return paths
 
 
-def frame_count(video: Path) -> int:
-    """The container's frame count (0 when it does not say or cannot be opened): the load to balance."""
+def frame_count(video: Path) -> tuple[int, Optional[tuple[int, int, int]]]:
+    """The container's frame count (0 when it does not say or cannot be opened), the load to balance, and
+    its frames' ``(H, W, 3)`` (None when unknown)."""
     import av  # reads the header only, and quietly (OpenCV would print FFmpeg's complaints)
 
     try:
         with av.open(str(video)) as container:
             stream = container.streams.video[0]
+            shape = (stream.height, stream.width, 3) if stream.width and stream.height else None
             if stream.frames:
-                return int(stream.frames)
+                return int(stream.frames), shape
             if stream.duration and stream.average_rate:
-                return int(stream.duration * stream.time_base * stream.average_rate)
-            return 0
+                return int(stream.duration * stream.time_base * stream.average_rate), shape
+            return 0, shape
     except (av.FFmpegError, IndexError, OSError, ValueError):
-        return 0
+        return 0, None
 
 
 def shares(loads: list[int], ranks: int) -> list[list[int]]:
@@ -91,6 +93,17 @@ def shares(loads: list[int], ranks: int) -> list[list[int]]:
         totals[rank] += max(1, loads[i])
         taken[rank].append(i)
     return [sorted(t) for t in taken]
+
+
+def _report_together(flows: list[tuple[int, Optional[float], Optional[float]]]) -> None:
+    """Every process's frames from the first frame to the last, as one throughput (rank 0, under torchrun)."""
+    ran = [(frames, first, last) for frames, first, last in flows if first is not None]
+    if not ran:
+        return
+    frames = sum(f for f, _, _ in ran)
+    seconds = max(last for _, _, last in ran) - min(first for _, first, _ in ran)
+    print(f"all {len(flows)} processes: {frames} frames, {frames / max(seconds, 1e-9):.1f} frames/s from the first "
+          f"frame to the last ({seconds:.2f} s)", file=sys.stderr)
 
 
 class _Distributed:
@@ -121,6 +134,13 @@ class _Distributed:
         out = [None] * self.world
         dist.all_gather_object(out, value)
         return out
+
+    def barrier(self) -> None:
+        """Wait until every process is here."""
+        if self.group:
+            import torch.distributed as dist
+
+            dist.barrier()
 
     def close(self) -> None:
         if self.group:
@@ -153,13 +173,20 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     startup = StartupClock()
     done = [v for v in videos if not args.force and _complete(output_paths(out_dir, v, args.output_videos))]
     todo = [v for v in videos if v not in done]
-    counts = [frame_count(v) for v in todo]
+    headers = [frame_count(v) for v in todo]
+    counts = [frames for frames, _ in headers]
     share = shares(counts, dist.world)[dist.rank]
     mine = [todo[i] for i in share]
     if dist.rank == 0:
         print(f"{len(videos)} videos: {len(done)} skipped (outputs complete; --force redoes them), "
               f"{len(todo)} to process" + (f" on {dist.world} processes" if dist.world > 1 else ""), file=err)
     get_pipeline = LazyPipeline(args, job=sum(counts[i] for i in share))  # the warm-up fits the whole share
+    if dist.world > 1:
+        # Every process loads and warms up, then all start together: none waits on the others at the end
+        # for a start-up it could have overlapped, and their frames/s add up.
+        if mine:
+            get_pipeline(headers[share[0]][1] or (720, 1280, 3), sum(counts[i] for i in share))
+        dist.barrier()
 
     errors: dict[str, str] = {}
 
@@ -187,7 +214,6 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
 
     frames = 0
     wall0 = time.perf_counter()
-    analysis_seconds = 0.0
     first = last = None  # when the first video's first frame came, and when the last video ended
     interrupted = False
     runs = analyse_many(args, tasks(), get_pipeline, startup)
@@ -201,10 +227,9 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
                 failed(run.source, str(run.error or no_frames(run.source)))
                 continue
             _write_summary(run, output_paths(out_dir, Path(run.source), args.output_videos), plots)
-            last = time.perf_counter()
+            last = time.time()  # the wall clock: the processes' times are put side by side
             first = first if first is not None else last - run.wall
             frames += run.job.frames
-            analysis_seconds += run.wall
     except KeyboardInterrupt:
         runs.close()
         readers.close()
@@ -222,12 +247,16 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
         print(f"rank {dist.rank}: " if dist.world > 1 else "", end="", file=err)
         flowing = (last - first) if first is not None else 0.0
         print(f"{len(mine) - len(errors)} videos, {frames} frames: {frames / max(flowing, 1e-9):.1f} frames/s from the "
-              f"first frame to the last ({flowing:.2f} s; {frames / max(analysis_seconds, 1e-9):.1f} within the videos), "
-              f"{frames / max(wall, 1e-9):.1f} frames/s with the model's load and warm-up ({wall:.1f} s)", file=err)
+              f"first frame to the last ({flowing:.2f} s), {frames / max(wall, 1e-9):.1f} frames/s with the model's "
+              f"load and warm-up ({wall:.1f} s)", file=err)
         print(startup.format("first results"), file=err)
     all_errors: dict[str, str] = {}
-    for part in dist.gather(errors):
+    flows = []
+    for part, flow in dist.gather((errors, (frames, first, last))):
         all_errors.update(part)
+        flows.append(flow)
+    if dist.world > 1 and dist.rank == 0:
+        _report_together(flows)
     if dist.rank == 0:
         records = []
         for video in videos:

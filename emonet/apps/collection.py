@@ -181,12 +181,6 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
         print(f"{len(videos)} videos: {len(done)} skipped (outputs complete; --force redoes them), "
               f"{len(todo)} to process" + (f" on {dist.world} processes" if dist.world > 1 else ""), file=err)
     get_pipeline = LazyPipeline(args, job=sum(counts[i] for i in share))  # the warm-up fits the whole share
-    if dist.world > 1:
-        # Every process loads and warms up, then all start together: none waits on the others at the end
-        # for a start-up it could have overlapped, and their frames/s add up.
-        if mine:
-            get_pipeline(headers[share[0]][1] or (720, 1280, 3), sum(counts[i] for i in share))
-        dist.barrier()
 
     errors: dict[str, str] = {}
 
@@ -195,10 +189,17 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
         print(f"error: {message}", file=err)
 
     # One decoding process takes the videos one after the other, the next one's first frames decoded and
-    # uploaded while this one's last are analysed; each video's plot is drawn by a process of its own.
+    # uploaded while this one's last are analysed (it starts now, while the model loads); each video's
+    # plot is drawn by a process of its own.
     readers = VideoSequence(mine, start=args.start, end=args.end, max_frames=args.max_frames,
                             device=select_device(args.device, quiet=True), keep_host=False)
     plots = PlotProcess()
+    if dist.world > 1:
+        # Every process loads and warms up, then all start together: none waits on the others at the end
+        # for a start-up it could have overlapped, and their frames/s add up.
+        if mine:
+            get_pipeline(headers[share[0]][1] or (720, 1280, 3), sum(counts[i] for i in share))
+        dist.barrier()
 
     def tasks():
         for n, video in enumerate(mine, 1):

@@ -100,10 +100,14 @@ def test_the_gpu_draws_what_the_cpu_draws():
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     frames = [gradient(0), gradient(60)]
-    faces = [[(face(), [(0.1, 0.1), (0.3, -0.2)])], []]
-    colors = [[(255, 0, 0)], []]
-    cpu = VideoCanvas(NAMES, banner="untrained").draw([torch.from_numpy(f) for f in frames], faces, colors)
-    gpu = VideoCanvas(NAMES, banner="untrained", device=torch.device("cuda")).draw(
-        [torch.from_numpy(f).cuda() for f in frames], faces, colors)
-    # The crop's bilinear sampling may round a level differently; every mark and the rest are the same.
-    assert (gpu.cpu().int() - cpu.int()).abs().max() <= 1
+    cpu = VideoCanvas(NAMES, banner="untrained")
+    gpu = VideoCanvas(NAMES, banner="untrained", device=torch.device("cuda"))
+    # Chunk after chunk on one canvas: its uploads go through staging buffers that are taken in turn and grow.
+    for k in range(4):
+        faces = [[(face(box=(100.0 + 20 * k, 60.0, 340.0, 300.0), expression=k),
+                   [(0.1, 0.1), (0.3, -0.2 + 0.1 * k)])] * (1 + k % 2), []]
+        colors = [[(255, 0, 0)] * (1 + k % 2), []]
+        on_cpu = cpu.draw([torch.from_numpy(f) for f in frames], faces, colors)
+        on_gpu = gpu.draw([torch.from_numpy(f).cuda() for f in frames], faces, colors)
+        # The crop's bilinear sampling may round a level differently; every mark and the rest are the same.
+        assert (on_gpu.cpu().int() - on_cpu.int()).abs().max() <= 1, k

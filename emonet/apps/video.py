@@ -41,8 +41,9 @@ from ..runtime import select_device
 from ..timing import LatencyTimer, StartupClock
 from .common import add_model_arguments, build_detector, build_engine, run_tool
 
-# emonet: track, crop, network; hand-over: copying drawn frames out, and waiting for the encoders when behind
-STAGES = ("decode", "detect", "emonet", "results", "draw", "hand-over", "encode")
+# emonet: track, crop, network; hand-over: copying drawn frames out; encoder wait: for the encoders' free
+# slots, when they are behind
+STAGES = ("decode", "detect", "emonet", "results", "draw", "hand-over", "encoder wait", "encode")
 # Frames drawn at once on a GPU (at least a chunk): each drawing call's host work is mostly a fixed number of
 # tensor operations, spread over more frames; the frames wait on the GPU meanwhile (about 3 MB each at 720p).
 DRAW_FRAMES = 32
@@ -222,9 +223,12 @@ class VideoJob:
         faces = [snapshot for _, snapshot in undrawn]
         drawn = self.canvas.draw(images, faces, [[_color(f.face_id) for f, _ in snapshot] for snapshot in faces])
         t1 = time.perf_counter()
+        waited = self.annotated.wait_seconds
         self.annotated.put([frame.index for frame, _ in undrawn], drawn, self.canvas.size)
+        waited = self.annotated.wait_seconds - waited
         self.seconds["draw"] += t1 - t0
-        self.seconds["hand-over"] += time.perf_counter() - t1
+        self.seconds["hand-over"] += time.perf_counter() - t1 - waited
+        self.seconds["encoder wait"] += waited
         for frame, _ in undrawn:
             frame.pixels = frame.ready = None  # drawn: free the GPU copy now
 

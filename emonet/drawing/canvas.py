@@ -97,17 +97,21 @@ def _rect_table(rects: list) -> Optional[np.ndarray]:
 def _segment_table(lines: list) -> Optional[np.ndarray]:
     """``(S, 12)`` float64: start x, y, step x, y, pixels, frame, clip x0, y0, x1, y1, and the packed colour
     of each segment (a pixel per step along its longer axis)."""
-    rows = []
-    for frame, points, colors, clip in lines:
-        points = np.asarray(points, np.float64)
-        if len(points) < 2:
-            continue
-        step = np.diff(points, axis=0)
-        n = np.abs(step).max(1) + 1
-        packed = (np.asarray(colors, np.int64) * [65536, 256, 1]).sum(1)
-        rows.append(np.column_stack([points[:-1], step, n, np.full(len(n), frame),
-                                     np.broadcast_to(np.asarray(clip, np.float64), (len(n), 4)), packed]))
-    return np.concatenate(rows) if rows else None
+    lines = [(frame, np.asarray(points, np.float64), colors, clip) for frame, points, colors, clip in lines
+             if len(points) >= 2]
+    if not lines:
+        return None
+    # All lines at once (this runs for every drawn frame): a segment from each point but its line's last.
+    points = np.concatenate([points for _, points, _, _ in lines])
+    counts = np.array([len(points) - 1 for _, points, _, _ in lines])
+    first = np.ones(len(points), bool)
+    first[np.cumsum(counts + 1) - 1] = False
+    start = points[:-1][first[:-1]]
+    step = np.diff(points, axis=0)[first[:-1]]
+    packed = (np.concatenate([np.asarray(colors, np.int64) for _, _, colors, _ in lines]) * [65536, 256, 1]).sum(1)
+    frames = np.repeat(np.array([frame for frame, _, _, _ in lines], np.float64), counts)
+    clips = np.repeat(np.array([clip for _, _, _, clip in lines], np.float64), counts, axis=0)
+    return np.column_stack([start, step, np.abs(step).max(1) + 1, frames, clips, packed])
 
 
 def _dot_tables(dots: list) -> dict[int, np.ndarray]:
@@ -182,6 +186,13 @@ class VideoCanvas:
         self._storage: Optional[torch.Tensor] = None
         self._yuv = (_RGB_TO_YUV * _YUV_SCALE[:, None]).T.to(self.device)
         self._offset = _YUV_OFFSET.to(self.device)
+        # Page-locked staging for a chunk's uploads, two in turn: a fresh page-locked copy per upload
+        # (pin_memory) cost more host time than the copy itself.
+        self._staging: list[Optional[torch.Tensor]] = [None, None]
+        self._staged_done: list[Optional["torch.cuda.Event"]] = [None, None]
+        self._turn = 0
+        self._staged = 0   # bytes of this chunk's uploads so far
+        self._wanted = 0   # bytes a chunk's uploads have needed
 
     @property
     def size(self) -> tuple[int, int]:
@@ -214,6 +225,7 @@ class VideoCanvas:
                                           align_corners=False)[0].round().clamp(0, 255).byte().permute(1, 2, 0)
                 faces[b] = [(_scaled(f, sx, sy), trail) for f, trail in faces[b]]
                 self.resized = True
+        self._begin_uploads()
         canvas = self._frames(images)
         self._crops(canvas, images, faces)
         marks = self._marks(faces, colors)
@@ -221,6 +233,7 @@ class VideoCanvas:
         self._set_points(canvas, marks)
         if self._banner is not None:
             self._lay(canvas[:, :self._banner.shape[0], :w], self._banner)
+        self._end_uploads()
         return self._i420(canvas)
 
     # -- the frames and the panel's background ---------------------------------------------------
@@ -269,12 +282,37 @@ class VideoCanvas:
         return self._grid
 
     def _upload(self, array: np.ndarray) -> torch.Tensor:
-        """A host array on the device, without waiting: from page-locked memory (a copy from pageable
+        """A host array on the device, without waiting: through page-locked memory (a copy from pageable
         memory would first wait for everything queued on the GPU)."""
         tensor = torch.from_numpy(np.ascontiguousarray(array))
         if self.device.type != "cuda":
             return tensor
-        return tensor.pin_memory().to(self.device, non_blocking=True)
+        nbytes = tensor.numel() * tensor.element_size()
+        at, self._staged = self._staged, self._staged + -(-nbytes // 16) * 16  # aligned for any dtype
+        buffer = self._staging[self._turn]
+        if buffer is None or self._staged > buffer.numel():  # a larger buffer from the next chunk on
+            self._wanted = max(self._wanted, self._staged)
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        part = buffer[at:at + nbytes].view(tensor.dtype).view(tensor.shape)
+        part.copy_(tensor)
+        return part.to(self.device, non_blocking=True)
+
+    def _begin_uploads(self) -> None:
+        """Take the staging buffer used two chunks ago (its copies have long run) for this chunk's uploads."""
+        if self.device.type != "cuda":
+            return
+        self._turn ^= 1
+        if self._staged_done[self._turn] is not None:
+            self._staged_done[self._turn].synchronize()
+        buffer = self._staging[self._turn]
+        if self._wanted > (buffer.numel() if buffer is not None else 0):
+            self._staging[self._turn] = torch.empty(self._wanted * 3 // 2, dtype=torch.uint8, pin_memory=True)
+        self._staged = 0
+
+    def _end_uploads(self) -> None:
+        if self.device.type == "cuda":
+            self._staged_done[self._turn] = torch.cuda.Event()
+            self._staged_done[self._turn].record()
 
     # -- what is laid over: sprites and points, gathered on the host ---------------------------------
     def _marks(self, faces: list, colors: Sequence[Sequence[Color]]) -> _Marks:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -64,6 +65,7 @@ class AnnotatedVideoWriter:
         self.segment_frames = segment_frames
         self.encoder_threads = encoder_threads
         self.frames = 0
+        self.wait_seconds = 0.0  # put() waiting for the encoders to give slots back (they are behind)
         self.encode_seconds = 0.0
         self.cpu_seconds = {"user": 0.0, "system": 0.0}  # the encoders', as they report at the end
         self._procs: list[subprocess.Popen] = []
@@ -183,6 +185,7 @@ class AnnotatedVideoWriter:
         count = len(self._busy)
         start = self._next
         wanted = [(start + i) % count for i in range(n)]
+        t0 = time.perf_counter()
         with self._released:
             while any(self._busy[i] for i in wanted):
                 if not self._released.wait(timeout=0.5):
@@ -192,6 +195,7 @@ class AnnotatedVideoWriter:
                         self._check()
             for i in wanted:
                 self._busy[i] = True
+        self.wait_seconds += time.perf_counter() - t0
         self._next = (start + n) % count
         return start
 

@@ -57,7 +57,9 @@ def test_chunks_larger_than_the_ring_and_wrapping_round_it_keep_every_frame_in_o
 
 
 def test_no_frame_leaves_no_file_and_bad_names_and_sizes_are_refused(tmp_path):
-    assert AnnotatedVideoWriter(tmp_path / "a.mp4", 25.0).close() is None
+    writer = AnnotatedVideoWriter(tmp_path / "a.mp4", 25.0)
+    (encoder,) = writer._procs  # started at once: its start-up runs while the first frames are analysed
+    assert writer.close() is None and encoder.poll() is not None  # no frame: nothing kept, nothing left running
     assert not list(tmp_path.iterdir())
     with pytest.raises(InputError, match=".mp4"):
         AnnotatedVideoWriter(tmp_path / "a.gif", 25.0)

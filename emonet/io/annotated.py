@@ -84,6 +84,16 @@ class AnnotatedVideoWriter:
         self._registered: Optional[int] = None
         self._handoff: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._sender: Optional[threading.Thread] = None
+        # The encoder processes start now: their start-up (Python, NumPy, PyAV) runs while the first frames
+        # are analysed, not after the first are drawn (the ring filled up and the analysis waited).
+        worker = Path(__file__).resolve().with_name("encode_worker.py")
+        for k in range(self.workers):
+            proc = subprocess.Popen([sys.executable, str(worker)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    env={**os.environ, **WORKER_ENV})
+            self._procs.append(proc)
+            reader = threading.Thread(target=self._listen, args=(proc,), name=f"emonet-encode-{k}", daemon=True)
+            reader.start()
+            self._readers.append(reader)
 
     # -- start, on the first frames (their size sizes the slots) ------------------------------------
     def _start(self, size: tuple[int, int], device: torch.device) -> None:
@@ -113,15 +123,8 @@ class AnnotatedVideoWriter:
             self._parts = Path(tempfile.mkdtemp(prefix=f".{self.path.stem}.{os.getpid()}.parts", dir=self.path.parent))
         spec = {"slots_path": name, "slots": slots, "slot_bytes": slot_bytes, "size": size, "fps": self.fps,
                 "codec": self.codec, "threads": self.encoder_threads or default_threads(self.workers)}
-        worker = Path(__file__).resolve().with_name("encode_worker.py")
         for k in range(self.workers):
-            proc = subprocess.Popen([sys.executable, str(worker)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    env={**os.environ, **WORKER_ENV})
-            self._procs.append(proc)
             self._send(k, ("open", spec))
-            reader = threading.Thread(target=self._listen, args=(proc,), name=f"emonet-encode-{k}", daemon=True)
-            reader.start()
-            self._readers.append(reader)
         self._sender = threading.Thread(target=self._hand_over, name="emonet-encode-send", daemon=True)
         self._sender.start()
 

@@ -60,7 +60,8 @@ class Reader:
         from .pipeline import VideoPipeline
 
         video = VideoPipeline(self.pipeline, detect_every=detect_every, smooth=smooth)
-        reader = VideoReader(source, max_frames=max_frames, device=self.pipeline.engine.device)
+        # Results only, never pixels: on a GPU the frames stay there (no host copy of each one is made).
+        reader = VideoReader(source, max_frames=max_frames, device=self.pipeline.engine.device, keep_host=False)
         try:
             chunk: list = []
             for frame in reader:

@@ -342,10 +342,14 @@ class _Running:
         self.ended = True
         if self.bar is not None:
             self.bar.close()
+        video = None
         try:
             self.reader.close()
         finally:
-            video = self.job.close() if self.job is not None else None
+            try:
+                video = self.job.close() if self.job is not None else None
+            except InputError as exc:  # the annotated video could not be written: this video's error
+                self.error = self.error or exc
         cpu = {}
         if self.job is None:
             return VideoRun(None, 0.0, None, interrupted, cpu, self.error, self.source)
@@ -424,11 +428,11 @@ def analyse_many(args: argparse.Namespace, tasks: Iterable[VideoTask], get_pipel
     except KeyboardInterrupt:
         # Stopped at once (a second Ctrl-C, or one before frames flowed): what is finished is kept; the
         # chunks still on the GPU are in no output.
+        last = VideoRun(None, 0.0, None, True, {})
         for running in (previous[0] if previous else None, current):
             if running is not None and not running.ended:
-                run = running.end(interrupted=True)
-                if running is current:
-                    yield run
+                last = running.end(interrupted=True)
+        yield last  # the run ends here, and says so
     finally:
         stop.restore()
         torch.set_num_threads(threads)
@@ -447,8 +451,6 @@ def analyse(args: argparse.Namespace, source: str, outputs: Outputs, get_pipelin
     """One video through the pipeline (see :func:`analyse_many`); a decoding error part-way is raised once the
     frames before it are written."""
     runs = list(analyse_many(args, [VideoTask(source, outputs, desc=desc)], get_pipeline, startup))
-    if not runs:  # interrupted before the video was open
-        return VideoRun(None, 0.0, None, True, {}, source=source)
     if runs[-1].error is not None:
         raise runs[-1].error
     return runs[-1]

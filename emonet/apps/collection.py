@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from tqdm import tqdm
+
 from ..io.images import InputError, check_writable_dir
 from ..summary import PlotProcess, VideoSummary, write_summary_csv
 from ..timing import StartupClock
@@ -184,9 +186,9 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
 
     errors: dict[str, str] = {}
 
-    def failed(video: str, message: str) -> None:  # one line; the others go on
+    def failed(video: str, message: str) -> None:  # one line, above a running progress bar; the others go on
         errors[video] = message
-        print(f"error: {message}", file=err)
+        tqdm.write(f"error: {message}", file=err)
 
     # One decoding process takes the videos one after the other, the next one's first frames decoded and
     # uploaded while this one's last are analysed (it starts now, while the model loads); each video's

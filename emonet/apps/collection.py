@@ -68,7 +68,7 @@ def output_paths(out_dir: Path, video: Path, annotated: bool) -> dict[str, Path]
     return paths
 
 
-def frame_count(video: Path) -> tuple[int, Optional[tuple[int, int, int]]]:
+def probe(video: Path) -> tuple[int, Optional[tuple[int, int, int]]]:
     """The container's frame count (0 when it does not say or cannot be opened), the load to balance, and
     its frames' ``(H, W, 3)`` (None when unknown)."""
     import av  # reads the header only, and quietly (OpenCV would print FFmpeg's complaints)
@@ -175,7 +175,7 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     startup = StartupClock()
     done = [v for v in videos if not args.force and _complete(output_paths(out_dir, v, args.output_videos))]
     todo = [v for v in videos if v not in done]
-    headers = [frame_count(v) for v in todo]
+    headers = [probe(v) for v in todo]
     counts = [frames for frames, _ in headers]
     share = shares(counts, dist.world)[dist.rank]
     mine = [todo[i] for i in share]
@@ -234,12 +234,11 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
             first = first if first is not None else last - run.wall
             frames += run.job.frames
     except KeyboardInterrupt:
-        runs.close()
-        readers.close()
         plots.wait()
         raise
-    runs.close()
-    readers.close()
+    finally:
+        runs.close()
+        readers.close()
     for path, why in plots.wait().items():  # a failed plot: that video's outputs are incomplete
         video = next((str(v) for v in mine if str(output_paths(out_dir, v, args.output_videos)["plot"]) == path),
                      path or "a video")

@@ -313,8 +313,6 @@ class _Running:
     def __init__(self, args: argparse.Namespace, task: VideoTask, reader: VideoReader, get_pipeline,
                  startup: Optional[StartupClock]) -> None:
         self.reader, self.startup, self.source = reader, startup, task.source
-        self.job: Optional[VideoJob] = None
-        self.bar = None
         self.error: Optional[InputError] = None
         self.ended = False
         height, width, _ = reader.frame_shape
@@ -337,22 +335,24 @@ class _Running:
         self.bar.update(len(done.frames))
         self.bar.set_postfix(faces=self.job.faces, refresh=False)
 
+    def complete(self, last: Optional[PendingChunk], interrupted: bool = False) -> VideoRun:
+        """Read the video's last chunk (if any), then :meth:`end` it."""
+        if last is not None:
+            self.finish(last)
+        return self.end(interrupted)
+
     def end(self, interrupted: bool) -> VideoRun:
         """Close the reader and every output (each finished frame kept); how the run went."""
         self.ended = True
-        if self.bar is not None:
-            self.bar.close()
+        self.bar.close()
         video = None
         try:
             self.reader.close()
         finally:
             try:
-                video = self.job.close() if self.job is not None else None
+                video = self.job.close()
             except InputError as exc:  # the annotated video could not be written: this video's error
                 self.error = self.error or exc
-        cpu = {}
-        if self.job is None:
-            return VideoRun(None, 0.0, None, interrupted, cpu, self.error, self.source)
         self.job._sync()
         own, children = (b - a for a, b in zip(self.cpu0, _cpu_seconds()))  # the reader's and encoders' have ended
         encoding = sum(self.job.annotated.cpu_seconds.values()) if self.job.annotated is not None else 0.0
@@ -402,20 +402,16 @@ def analyse_many(args: argparse.Namespace, tasks: Iterable[VideoTask], get_pipel
                     launched = current.job.launch(chunk, flags, boxes)
                     if previous is not None:  # the last video's final chunk, read while this one's first runs
                         done, previous = previous, None
-                        done[0].finish(done[1])
-                        yield done[0].end(interrupted=False)
+                        yield done[0].complete(done[1])
                     pending = launched
             except InputError as exc:  # decoding failed part-way: the frames before it are kept
                 current.error = exc
                 pending = None
             if previous is not None:  # this video gave no chunk
                 done, previous = previous, None
-                done[0].finish(done[1])
-                yield done[0].end(interrupted=False)
+                yield done[0].complete(done[1])
             if stop.asked or pending is None:
-                if pending is not None:
-                    current.finish(pending)
-                run, current = current.end(interrupted=stop.asked), None
+                run, current = current.complete(pending, interrupted=stop.asked), None
                 yield run
                 if stop.asked:
                     return
@@ -423,8 +419,7 @@ def analyse_many(args: argparse.Namespace, tasks: Iterable[VideoTask], get_pipel
                 previous, current = (current, pending), None
         if previous is not None:
             done, previous = previous, None
-            done[0].finish(done[1])
-            yield done[0].end(interrupted=False)
+            yield done[0].complete(done[1])
     except KeyboardInterrupt:
         # Stopped at once (a second Ctrl-C, or one before frames flowed): what is finished is kept; the
         # chunks still on the GPU are in no output.

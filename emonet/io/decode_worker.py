@@ -34,6 +34,7 @@ too, ends the child when it closes the reader.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import signal
@@ -87,8 +88,14 @@ class _OpenCV:
         self.size: Optional[tuple] = None  # the last frame's (h, w): the next one's, most likely
 
     @staticmethod
-    def nbytes(h: int, w: int) -> int:
-        return h * w * 3
+    def shape(h: int, w: int) -> tuple:
+        """The array of an ``h`` x ``w`` frame as handed over."""
+        return (h, w, 3)
+
+    @staticmethod
+    def dims(frame) -> tuple:
+        """``(h, w)`` of a frame as handed over."""
+        return frame.shape[:2]
 
     def read(self, target):
         """The next frame, decoded into ``target(h, w)`` (a view of a slot) where it fits, or None at the end."""
@@ -126,8 +133,14 @@ class _PyAV:
         self.layout = "i420:601:limited"
 
     @staticmethod
-    def nbytes(h: int, w: int) -> int:
-        return h * w * 3 // 2
+    def shape(h: int, w: int) -> tuple:
+        """The array of an ``h`` x ``w`` frame as handed over: its planes one after the other."""
+        return (h * 3 // 2, w)
+
+    @staticmethod
+    def dims(frame) -> tuple:
+        """``(h, w)`` of a frame as handed over."""
+        return (frame.shape[0] * 2 // 3, frame.shape[1])
 
     def _next(self):
         for frame in self.frames:
@@ -286,21 +299,13 @@ def main(spec: dict) -> int:
             if reader is None:
                 say("X cannot-open")
                 continue
-            fps, count, bgr = reader.fps, reader.count, reader.layout == "bgr"
+            fps, count = reader.fps, reader.count
             if first is None:
                 reader.close()
                 say(f"I {fps} {count} 0 0 0 - {reader.layout}")
                 say("D")
                 continue
-
-            def size(frame) -> tuple:
-                """``(h, w)`` of a frame as decoded (BGR, or I420 planes one after the other)."""
-                return frame.shape[:2] if bgr else (frame.shape[0] * 2 // 3, frame.shape[1])
-
-            def shape(h: int, w: int) -> tuple:
-                return (h, w, 3) if bgr else (h * 3 // 2, w)
-
-            h, w = size(first)
+            h, w = reader.dims(first)
             named = "="  # the slots so far serve this video too
             if first.nbytes > slot_bytes:  # the first video, or larger frames: slots of this size
                 while len(free) < slots:  # every slot handed back: the parent has finished with the old file
@@ -342,13 +347,13 @@ def main(spec: dict) -> int:
                         # Decoded (or copied) straight into the slot while frames fit it; a larger frame gets
                         # an array of its own and goes through the pipe.
                         t0 = time.perf_counter()
-                        frame = reader.read(lambda fh, fw: view(slot, shape(fh, fw))
-                                            if reader.nbytes(fh, fw) <= slot_bytes else None)
+                        frame = reader.read(lambda fh, fw: view(slot, reader.shape(fh, fw))
+                                            if math.prod(reader.shape(fh, fw)) <= slot_bytes else None)
                         seconds = time.perf_counter() - t0
                         if frame is None:
                             free.appendleft(slot)
                             break
-                    h, w = size(frame)
+                    h, w = reader.dims(frame)
                     produced += 1
                     index += 1
                     if frame.nbytes > slot_bytes:  # the video grew: this frame goes through the pipe

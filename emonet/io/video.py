@@ -137,8 +137,9 @@ class _Decoder:
         self.at_end = True  # every message of the current video has been read
 
     def next_video(self, source: Union[str, int]) -> None:
-        """Read the next video's header: :attr:`fps`, :attr:`frame_count`, :attr:`shape` (zeros: no frame)
-        and :attr:`layout`; an :class:`InputError` when it cannot be opened."""
+        """Read the next video's header: :attr:`fps`, :attr:`frame_count`, :attr:`shape` (``(H, W, 3)`` of its
+        first frame, then of the last one read; zeros: no frame) and :attr:`layout`; an :class:`InputError`
+        when it cannot be opened."""
         self.source = source
         line = self._line()
         if line[0] == "X":
@@ -183,10 +184,12 @@ class _Decoder:
             if kind == "F":
                 _, slot, h, w, seconds = line.split(" ")
                 slot, shape = int(slot), self._shape(int(h), int(w))
+                self.shape = (int(h), int(w), 3)
                 yield self.slot_views[slot][:int(np.prod(shape))].reshape(shape), float(seconds), slot
             elif kind == "B":
                 _, h, w, seconds = line.split(" ")
                 shape = self._shape(int(h), int(w))
+                self.shape = (int(h), int(w), 3)
                 size = int(np.prod(shape))
                 data = bytearray(self.process.stdout.read(size))
                 if len(data) != size:
@@ -347,12 +350,12 @@ class VideoReader:
 
         try:
             for array, seconds, slot in self._decoder.frames():
-                if self._stop.is_set() or (self.end is not None and index / self.fps > self.end):
+                if self._stop.is_set():  # (--end and --max-frames: the decoding process stops there)
                     self._decoder.release(slot)
                     break
                 self.decode_seconds += seconds
-                # (H, W, 3) of the frame; timestamps from the index: some backends report the *next* frame's time
-                self.frame_shape = array.shape if colour is None else (array.shape[0] * 2 // 3, array.shape[1], 3)
+                # Timestamps from the index: some backends report the *next* frame's time.
+                self.frame_shape = self._decoder.shape
                 if stream is None:
                     frame = Frame(index, index / self.fps, host=host_rgb(array, colour))
                 elif colour is None:

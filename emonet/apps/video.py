@@ -5,7 +5,8 @@ Frames come from a decoding process in chunks of ``--batch-size``. The loop is s
 GPU: a chunk's detection (on a stream of its own) runs while the previous chunk's EmoNet results, which
 come back in one asynchronous copy, are read and written; only then is the chunk tracked and cropped, so
 the result is the same as one chunk after the other. An annotated video's frames are drawn where they
-are, on the GPU (:class:`emonet.drawing.VideoCanvas`), and encoded by processes of their own
+are, on the GPU (:class:`emonet.drawing.VideoCanvas`), once the next chunk is queued (the host's drawing
+work overlaps the GPU's networks), and encoded by processes of their own
 (:class:`emonet.io.annotated.AnnotatedVideoWriter`).
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from ..drawing import PALETTE, VideoCanvas
-from ..drawing.canvas import TRAIL
+from ..drawing.marks import TRAIL, Planner
 from ..io.atomic import AtomicFile
 from ..io.images import InputError, check_writable_dir
 from ..io.video import Frame, VideoReader
@@ -41,9 +42,9 @@ from ..runtime import select_device
 from ..timing import LatencyTimer, StartupClock
 from .common import add_model_arguments, build_detector, build_engine, run_tool
 
-# emonet: track, crop, network; hand-over: copying drawn frames out; encoder wait: for the encoders' free
-# slots, when they are behind
-STAGES = ("decode", "detect", "emonet", "results", "draw", "hand-over", "encoder wait", "encode")
+# emonet: track, crop, network; plan: what is drawn (NumPy, OpenCV); draw: drawing it (torch); hand-over:
+# copying drawn frames out; encoder wait: for the encoders' free slots, when they are behind
+STAGES = ("decode", "detect", "emonet", "results", "plan", "draw", "hand-over", "encoder wait", "encode")
 # Frames drawn at once on a GPU (at least a chunk): each drawing call's host work is mostly a fixed number of
 # tensor operations, spread over more frames; the frames wait on the GPU meanwhile (about 3 MB each at 720p).
 DRAW_FRAMES = 32
@@ -153,14 +154,15 @@ class VideoJob:
         self.rows = RowWriter(outputs.csv, outputs.jsonl, self.names, args.landmarks, self.engine.untrained)
         self.trails: dict[int, deque] = {}  # face id -> its last (valence, arousal), for the drawn panel
         # Frames are drawn on the engine's device; encoding runs in processes of their own.
-        self.annotated = self.canvas = None
-        self.undrawn: list[tuple[Frame, list]] = []  # finished frames (rows written) waiting to be drawn
+        self.annotated = self.canvas = self.planner = None
+        self.undrawn: list[tuple[Frame, list]] = []  # finished frames (rows written), not yet planned
         self.draw_frames = max(args.batch_size, DRAW_FRAMES if self.engine.device.type == "cuda" else 1)
         if outputs.video:
             banner = f"EmoNet: {UNTRAINED_LABEL}" if self.engine.untrained else None
             self.canvas = VideoCanvas(self.names, banner, self.engine.device)
             self.annotated = AnnotatedVideoWriter(outputs.video, reader.fps, codec=args.codec,
                                                   workers=args.video_workers)
+            self.planner = Planner(self.names)
         self.seconds = dict.fromkeys(STAGES, 0.0)
         self.timer = LatencyTimer(self.engine.device)
         self.frames = self.faces = 0
@@ -185,7 +187,7 @@ class VideoJob:
         return pending
 
     def finish(self, pending: PendingChunk) -> None:
-        """Wait for a chunk's results; write every frame's rows; queue its frames for drawing (``draw_frames`` at a time)."""
+        """Wait for a chunk's results; write every frame's rows; keep its frames for drawing (:meth:`draw_some`)."""
         t0 = time.perf_counter()
         per_frame = self.video.finish(pending)
         t1 = time.perf_counter()
@@ -210,26 +212,34 @@ class VideoJob:
                 trail.append((face.valence, face.arousal))
                 snapshot.append((face, list(trail)))
             self.undrawn.append((frame, snapshot))
+
+    def draw_some(self) -> None:
+        """Draw the finished frames once ``draw_frames`` wait. Called after the next chunk is queued: the host
+        then works on this drawing while the GPU runs that chunk's networks, not with the GPU idle."""
         if len(self.undrawn) >= self.draw_frames:
             self.draw()
 
     def draw(self) -> None:
-        """Draw the frames finished so far on the engine's device and hand them to the encoders."""
+        """Plan and draw the frames finished so far on the engine's device, and hand them to the encoders."""
         undrawn, self.undrawn = self.undrawn, []
         if not undrawn:
             return
-        t0 = time.perf_counter()
-        images = [frame.on_device(self.engine.device) for frame, _ in undrawn]
+        frames = [frame for frame, _ in undrawn]
         faces = [snapshot for _, snapshot in undrawn]
-        drawn = self.canvas.draw(images, faces, [[_color(f.face_id) for f, _ in snapshot] for snapshot in faces])
+        t0 = time.perf_counter()
+        marks = self.planner.plan([frame.shape[:2] for frame in frames], faces,
+                                  [[_color(f.face_id) for f, _ in snapshot] for snapshot in faces])
         t1 = time.perf_counter()
+        drawn = self.canvas.render([frame.on_device(self.engine.device) for frame in frames], marks)
+        t2 = time.perf_counter()
         waited = self.annotated.wait_seconds
-        self.annotated.put([frame.index for frame, _ in undrawn], drawn, self.canvas.size)
+        self.annotated.put([frame.index for frame in frames], drawn, self.canvas.size)
         waited = self.annotated.wait_seconds - waited
-        self.seconds["draw"] += t1 - t0
-        self.seconds["hand-over"] += time.perf_counter() - t1 - waited
+        self.seconds["plan"] += t1 - t0
+        self.seconds["draw"] += t2 - t1
+        self.seconds["hand-over"] += time.perf_counter() - t2 - waited
         self.seconds["encoder wait"] += waited
-        for frame, _ in undrawn:
+        for frame in frames:
             frame.pixels = frame.ready = None  # drawn: free the GPU copy now
 
     def close(self) -> Optional[Path]:
@@ -400,6 +410,7 @@ def analyse_many(args: argparse.Namespace, tasks: Iterable[VideoTask], get_pipel
                         pending = None
                         break
                     launched = current.job.launch(chunk, flags, boxes)
+                    current.job.draw_some()  # the chunk just read, while the GPU runs the one just queued
                     if previous is not None:  # the last video's final chunk, read while this one's first runs
                         done, previous = previous, None
                         yield done[0].complete(done[1])
@@ -485,7 +496,7 @@ def _summary(job: VideoJob, reader: VideoReader, run: VideoRun) -> None:
     encoding = (f", encode in {job.annotated.workers} of their own (their time adds up)"
                 if job.annotated is not None else "")
     print(f"time per frame by stage (ms; decode runs in a process of its own{encoding}, beside detect, EmoNet "
-          f"(tracking and crops included), results and draw): {per}", file=err)
+          f"(tracking and crops included), results, plan and draw): {per}", file=err)
     cores = sum(run.cpu.values()) / max(wall, 1e-9)
     print("CPU-seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in run.cpu.items() if v > 0)
           + f" ({cores:.1f} of {os.cpu_count()} cores busy on average)", file=err)

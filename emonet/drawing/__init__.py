@@ -1,19 +1,21 @@
-"""Drawing results: on photos with OpenCV (:mod:`.opencv`), on video frames with torch (:mod:`.canvas`).
+"""Drawing results: on photos with OpenCV (:mod:`.opencv`), on video frames with torch (:mod:`.canvas`),
+from marks planned with NumPy (:mod:`.marks`).
 
-The canvas is imported on first use, so what needs only the palette or the photo marks (a plotting
-process, say) does not import torch.
+The canvas is imported on first use, so what needs only the palette, the photo marks or the planning (a
+plotting or planning process, say) does not import torch.
 """
 from __future__ import annotations
 
 import importlib
 
+from .marks import coded_size, panel_width
 from .opencv import PALETTE, annotate, draw_circumplex, draw_face, face_marks
 
-_CANVAS = ("VideoCanvas", "coded_size", "panel_width")
-__all__ = ["PALETTE", "annotate", "draw_circumplex", "draw_face", "face_marks", *_CANVAS]
+__all__ = ["PALETTE", "annotate", "draw_circumplex", "draw_face", "face_marks", "VideoCanvas", "coded_size",
+           "panel_width"]
 
 
 def __getattr__(name: str):
-    if name in _CANVAS:
-        return getattr(importlib.import_module(".canvas", __name__), name)
+    if name == "VideoCanvas":
+        return importlib.import_module(".canvas", __name__).VideoCanvas
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

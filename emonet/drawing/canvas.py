@@ -3,8 +3,8 @@
 Each frame becomes the frame with its faces marked and a side panel beside it (the main face's crop, a
 caption, and every face's valence/arousal point with its trail on a circumplex), then I420 (yuv420p,
 BT.601 limited range), which is what the H.264 encoder takes: only 1.5 bytes a pixel go back to the
-host. What is laid over a chunk is planned on the host (:mod:`.marks`, in a process of its own on a GPU)
-as a few arrays; the chunk is then drawn in a fixed number of tensor operations whatever it holds:
+host. What is laid over a chunk is planned on the host with NumPy (:mod:`.marks`) as a few arrays; the
+chunk is then drawn in a fixed number of tensor operations whatever it holds:
 
 - *sprites* (labels, circumplex discs, captions) are gathered from the chunk's new pixels, uploaded in
   one copy, and the atlas of kept ones on the device, and laid over the frames by one gather, blend and
@@ -23,15 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from ..results import FaceResult
-from .marks import PANEL_GREY, ChunkMarks, Planner, coded_size, panel_layout
+from .marks import PANEL_GREY, ChunkMarks, Color, Planner, coded_size, panel_layout
 from .opencv import banner_sprite, disc_points, disc_sprite, lay
 
 # RGB -> Y'CbCr, BT.601 limited range (what players assume for yuv420p video without other colour tags).
 _RGB_TO_YUV = torch.tensor([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]])
 _YUV_SCALE = torch.tensor([219.0, 224.0, 224.0]) / 255.0
 _YUV_OFFSET = torch.tensor([16.0, 128.0, 128.0])
-
-Color = tuple[int, int, int]
 
 
 class VideoCanvas:

@@ -61,18 +61,15 @@ class ChunkMarks:
     crop_frames: np.ndarray                 # (F,) int64: the frames with a face, whose main face the panel shows
     crop_maps: np.ndarray                   # (F, 2, 3) float32: panel crop pixel (u, v, 1) -> grid_sample's [-1, 1]
     sprite_pixels: np.ndarray               # (P, 4) uint8 premultiplied RGBA: the sprites new in this chunk, cut
-    sprites: np.ndarray                     # (S, 8) int64: frame, x, y, width, first pixel, pixels, source, stride
+    # (S, 8) int64: frame, x, y, width, first pixel, pixels, and where its rows start in the source (this
+    # chunk's new pixels, then the atlas) and how far apart they are
+    sprites: np.ndarray
     layer_pixels: np.ndarray                # (L,) int64: sprite pixels per layer (no two in a layer overlap)
     atlas_at: int                           # the atlas's size before ``atlas_add``; 0 with a new atlas
     atlas_add: Optional[np.ndarray]         # (A, 4) uint8: kept sprites to append to the atlas
     rects: Optional[np.ndarray]             # (R, 8) int64: frame, x0, y0, width, pixels, R, G, B
     segments: Optional[np.ndarray]          # (G, 12) float64, see :func:`_segment_table`
     dots: dict[int, np.ndarray] = field(default_factory=dict)  # radius -> (K, 8) int64, see :func:`_dot_tables`
-
-    @property
-    def sprite_source_pixels(self) -> int:
-        """Where the atlas starts in the sprites' source (the chunk's new pixels come first)."""
-        return len(self.sprite_pixels)
 
 
 @dataclass
@@ -122,10 +119,10 @@ class Planner:
             if x1 > x0 and y1 > y0:
                 sprites.append(_Sprite(b, x0, y0, rgba, (y0 - y, y1 - y, x0 - x, x1 - x), key))
 
-        # Face by face (frame by frame) only what cannot be done for all at once: the sprites, and each
-        # face's places. Every dot gets its mark's number (``seq``): where dots overlap, the later mark is on top.
-        found, places, trails, main, main_at = [], [], [], [], []
-        seq, n = [], 0  # per face: its landmarks' number (its disc point's is the next); the panel point's
+        # Face by face (frame by frame) only what cannot be done for all at once: the sprites, and where each
+        # face's marks go. Every mark gets a number in drawing order: where dots overlap, the later is on top.
+        found, places, trails, main, main_at, panel_points = [], [], [], [], [], []
+        n = 0  # the next mark's number
         for b, (pairs, palette) in enumerate(zip(faces, colors)):
             for face, trail in pairs:
                 m = face_marks(face, self.class_names, (h, w), label=f"#{face.face_id}")
@@ -135,7 +132,7 @@ class Planner:
                        key=("disc", m.disc_radius))
                 found.append(face)
                 places.append((b, *m.box, m.thickness, *m.color, m.landmark_radius, *m.disc_center, m.disc_radius,
-                               m.dot_radius, n))
+                               m.dot_radius, n))  # n: its landmarks; n + 1: its point on the disc beside it
                 trails.append(trail)
                 n += 2
             if not pairs:
@@ -153,7 +150,7 @@ class Planner:
             sprite(b, text_sprite(caption, 0.5, (255, 255, 255)), w + 8, side + 22 - text_origin(caption, 0.5),
                    panel_clip, key=None if pairs else ("caption", caption))
             for color in palette:
-                seq.append((n, *color))
+                panel_points.append((n, *color))
                 n += 1
         pixels, table, layer_pixels, atlas_at, atlas_add = self._sprite_tables(sprites)
         if not found:
@@ -161,12 +158,13 @@ class Planner:
                               layer_pixels, atlas_at, atlas_add, None, None, {})
         places = np.array(places, np.int64)
         fb, boxes, thickness, color = places[:, 0], places[:, 1:5], places[:, 5], places[:, 6:9]
-        panel = np.array(seq, np.int64)  # per face: its panel point's number, and its panel colour
+        landmark_radius, disc_center, disc_radius, dot_radius, number = (places[:, 9], places[:, 10:12], places[:, 12],
+                                                                         places[:, 13], places[:, 14])
+        panel = np.array(panel_points, np.int64)  # per face: its panel point's number, and its panel colour
         va = np.array([(f.valence, f.arousal) for f in found], np.float64)
-        number = places[:, 14]
         dots = [  # centres, frames, radius, packed colour, clip, number: one row per mark
-            (np.stack([f.landmarks for f in found]), fb, places[:, 9], _pack(LANDMARK_COLOR), frame_clip, number),
-            (_circumplex(places[:, 10:12], places[:, 12], va), fb, places[:, 13], _pack(color), frame_clip, number + 1)]
+            (np.stack([f.landmarks for f in found]), fb, landmark_radius, _pack(LANDMARK_COLOR), frame_clip, number),
+            (_circumplex(disc_center, disc_radius, va), fb, dot_radius, _pack(color), frame_clip, number + 1)]
         # The main faces' crops: landmarks in the crop, and the map from crop pixels to the frame.
         frames_main, seq_main = np.array(main_at, np.int64).T
         matrices = np.stack([np.asarray(f.matrix, np.float64) for f in main]) * (side / CROP_SIZE)

@@ -16,7 +16,7 @@ from typing import Hashable, Optional, Sequence
 import numpy as np
 
 from ..results import CROP_SIZE, FaceResult
-from .opencv import disc_sprite, face_marks, no_face, text_origin, text_sprite
+from .opencv import circumplex_xy, disc_sprite, face_marks, no_face, text_origin, text_sprite
 
 LANDMARK_COLOR = (0, 255, 255)
 PANEL_GREY = 24
@@ -164,14 +164,14 @@ class Planner:
         va = np.array([(f.valence, f.arousal) for f in found], np.float64)
         dots = [  # centres, frames, radius, packed colour, clip, number: one row per mark
             (np.stack([f.landmarks for f in found]), fb, landmark_radius, _pack(LANDMARK_COLOR), frame_clip, number),
-            (_circumplex(disc_center, disc_radius, va), fb, dot_radius, _pack(color), frame_clip, number + 1)]
+            (circumplex_xy(disc_center, disc_radius, va), fb, dot_radius, _pack(color), frame_clip, number + 1)]
         # The main faces' crops: landmarks in the crop, and the map from crop pixels to the frame.
         frames_main, seq_main = np.array(main_at, np.int64).T
         matrices = np.stack([np.asarray(f.matrix, np.float64) for f in main]) * (side / CROP_SIZE)
         crop_lm = np.matmul(np.stack([f.landmarks for f in main]), matrices[:, :, :2].transpose(0, 2, 1))
         crop_lm += matrices[:, None, :, 2] + [crop_x, 0]
         dots.append((crop_lm, frames_main, 2, _pack(LANDMARK_COLOR), crop_clip, seq_main))
-        dots.append((_circumplex(disc, radius, va), fb, max(2, radius // 12), _pack(panel[:, 1:]), panel_clip,
+        dots.append((circumplex_xy(disc, radius, va), fb, max(2, radius // 12), _pack(panel[:, 1:]), panel_clip,
                      panel[:, 0]))
         square = np.concatenate([matrices, np.broadcast_to([[[0.0, 0.0, 1.0]]], (len(main), 1, 3))], 1)
         # Crop pixel centres (u, v, 1) -> image pixels -> grid_sample's [-1, 1] (align_corners=False).
@@ -229,13 +229,6 @@ def _pack(color: np.ndarray) -> np.ndarray:
     return np.asarray(color, np.int64) @ np.array([65536, 256, 1], np.int64)
 
 
-def _circumplex(center, radius, va: np.ndarray) -> np.ndarray:
-    """Pixel positions of valence/arousal pairs (N, 2) on discs (one, or one per pair), as
-    :func:`~.opencv.circumplex_xy` places them: valence right, arousal up."""
-    radius = np.asarray(radius)[..., None]
-    return (va.clip(-1, 1) * np.concatenate(np.broadcast_arrays(radius, -radius), -1) + center).round().astype(np.int64)
-
-
 def _rect_table(frames: np.ndarray, boxes: np.ndarray, thickness: np.ndarray, color: np.ndarray,
                 clip: tuple[int, int, int, int]) -> Optional[np.ndarray]:
     """``(4F, 8)`` int64: frame, x0, y0, width, pixels, R, G, B of each box's four sides (top, bottom, left,
@@ -262,7 +255,7 @@ def _segment_table(trails: list, frames: np.ndarray, colors: np.ndarray, center:
     if not len(drawn):
         return None
     counts = lengths[drawn] - 1
-    points = _circumplex(center, radius, np.concatenate([np.asarray(trails[i], np.float64).reshape(-1, 2)
+    points = circumplex_xy(center, radius, np.concatenate([np.asarray(trails[i], np.float64).reshape(-1, 2)
                                                          for i in drawn])).astype(np.float64)
     first = np.ones(len(points), bool)  # a segment from each point but its trail's last
     first[np.cumsum(counts + 1) - 1] = False

@@ -192,11 +192,12 @@ def disc_points(points: np.ndarray, radius: int) -> tuple[np.ndarray, np.ndarray
     return (p[:, 0, None] + dx[disc]).ravel(), (p[:, 1, None] + dy[disc]).ravel()
 
 
-def circumplex_xy(center: tuple[int, int], radius: int, va) -> np.ndarray:
-    """Pixel positions of valence/arousal pairs (N, 2) on a disc: valence right, arousal up."""
-    # Array methods, not np.clip and np.stack: this runs for every face of every drawn frame.
-    va = np.asarray(va, np.float64).reshape(-1, 2).clip(-1, 1) * (radius, -radius)
-    return (va + center).round().astype(np.int64)
+def circumplex_xy(center, radius, va) -> np.ndarray:
+    """Pixel positions of valence/arousal pairs (N, 2) on a disc, or on one disc each (``center`` (N, 2),
+    ``radius`` (N,)): valence right, arousal up."""
+    radius = np.asarray(radius)[..., None]
+    scale = np.concatenate(np.broadcast_arrays(radius, -radius), -1)
+    return (np.asarray(va, np.float64).reshape(-1, 2).clip(-1, 1) * scale + center).round().astype(np.int64)
 
 
 def _draw_points(img: np.ndarray, points: np.ndarray, radius: int, color=(0, 255, 255)) -> None:

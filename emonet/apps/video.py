@@ -4,10 +4,10 @@
 Frames come from a decoding process in chunks of ``--batch-size``. The loop is software-pipelined on a
 GPU: a chunk's detection (on a stream of its own) runs while the previous chunk's EmoNet results, which
 come back in one asynchronous copy, are read and written; only then is the chunk tracked and cropped, so
-the result is the same as one chunk after the other. An annotated video's frames are drawn where they
-are, on the GPU (:class:`emonet.drawing.VideoCanvas`), once the next chunk is queued (the host's drawing
-work overlaps the GPU's networks), and encoded by processes of their own
-(:class:`emonet.io.annotated.AnnotatedVideoWriter`).
+the result is the same as one chunk after the other. An annotated video's frames are handed, once the
+next chunk is queued, to a drawing process (:class:`emonet.drawing.process.DrawingProcess`), which draws
+them where they are, on the GPU, and hands them to encoding processes of their own: the analysis goes on
+meanwhile.
 """
 from __future__ import annotations
 
@@ -27,12 +27,12 @@ from typing import Iterable, Iterator, Optional
 import torch
 from tqdm import tqdm
 
-from ..drawing import PALETTE, VideoCanvas
-from ..drawing.marks import TRAIL, Planner
+from ..drawing import PALETTE
+from ..drawing.marks import TRAIL
+from ..drawing.process import DrawingProcess, DrawnVideo, LocalDrawing
 from ..io.atomic import AtomicFile
 from ..io.images import InputError, check_writable_dir
 from ..io.video import Frame, VideoReader
-from ..io.annotated import AnnotatedVideoWriter
 from ..io.writer import CODECS, check_video_name
 from ..models.weights import UNTRAINED_LABEL
 from ..pipeline import PendingChunk, Pipeline, VideoPipeline
@@ -42,12 +42,17 @@ from ..runtime import select_device
 from ..timing import LatencyTimer, StartupClock
 from .common import add_model_arguments, build_detector, build_engine, run_tool
 
-# emonet: track, crop, network; plan: what is drawn (NumPy, OpenCV); draw: drawing it (torch); hand-over:
-# copying drawn frames out; encoder wait: for the encoders' free slots, when they are behind
-STAGES = ("decode", "detect", "emonet", "results", "plan", "draw", "hand-over", "encoder wait", "encode")
+# This process: emonet: track, crop, network; hand-over: the frames to the drawing process; drawing wait: for
+# it, when it is behind. The drawing process: plan: what is drawn (NumPy, OpenCV); draw: drawing it (torch);
+# to encoders: copying drawn frames out; encoder wait: for the encoders' free slots, when they are behind.
+STAGES = ("decode", "detect", "emonet", "results", "hand-over", "drawing wait", "plan", "draw", "to encoders",
+          "encoder wait", "encode")
 # Frames drawn at once on a GPU (at least a chunk): each drawing call's host work is mostly a fixed number of
 # tensor operations, spread over more frames; the frames wait on the GPU meanwhile (about 3 MB each at 720p).
 DRAW_FRAMES = 32
+# A video this long waits for the drawing process if it is not up once the model is loaded: the wait (a few
+# seconds: Python and torch start) is repaid by drawing beside the analysis over about this many frames.
+WAIT_FRAMES = 10_000
 
 
 class RowWriter:
@@ -144,7 +149,8 @@ class LazyPipeline:
 class VideoJob:
     """State of one video's run: tracking, outputs, trails for drawing, and the time spent in each stage."""
 
-    def __init__(self, args: argparse.Namespace, pipeline: Pipeline, reader: VideoReader, outputs: Outputs) -> None:
+    def __init__(self, args: argparse.Namespace, pipeline: Pipeline, reader: VideoReader, outputs: Outputs,
+                 drawing: "Optional[DrawingProcess | LocalDrawing]" = None) -> None:
         self.args = args
         self.reader = reader
         self.outputs = outputs
@@ -153,16 +159,16 @@ class VideoJob:
         self.names = self.engine.class_names
         self.rows = RowWriter(outputs.csv, outputs.jsonl, self.names, args.landmarks, self.engine.untrained)
         self.trails: dict[int, deque] = {}  # face id -> its last (valence, arousal), for the drawn panel
-        # Frames are drawn on the engine's device; encoding runs in processes of their own.
-        self.annotated = self.canvas = self.planner = None
-        self.undrawn: list[tuple[Frame, list]] = []  # finished frames (rows written), not yet planned
+        # Frames are drawn on the engine's device (by a process of its own, see _Drawers); encoding runs in
+        # processes of theirs.
+        self.drawing = drawing if outputs.video else None
+        self.drawn: Optional[DrawnVideo] = None  # how the drawing and encoding went, once closed
+        self.undrawn: list[tuple[Frame, list]] = []  # finished frames (rows written), not yet handed over
         self.draw_frames = max(args.batch_size, DRAW_FRAMES if self.engine.device.type == "cuda" else 1)
-        if outputs.video:
+        if self.drawing is not None:
             banner = f"EmoNet: {UNTRAINED_LABEL}" if self.engine.untrained else None
-            self.canvas = VideoCanvas(self.names, banner, self.engine.device)
-            self.annotated = AnnotatedVideoWriter(outputs.video, reader.fps, codec=args.codec,
-                                                  workers=args.video_workers)
-            self.planner = Planner(self.names)
+            self.video_number = self.drawing.open(outputs.video, reader.fps, self.names, banner, codec=args.codec,
+                              workers=args.video_workers)
         self.seconds = dict.fromkeys(STAGES, 0.0)
         self.timer = LatencyTimer(self.engine.device)
         self.frames = self.faces = 0
@@ -201,7 +207,7 @@ class VideoJob:
         self.rows.flush()
         t2 = time.perf_counter()
         self.seconds["results"] += t2 - t1
-        if self.annotated is None:
+        if self.drawing is None:
             for frame in pending.frames:
                 frame.pixels = frame.ready = None  # done with: free the GPU copy now
             return
@@ -214,45 +220,75 @@ class VideoJob:
             self.undrawn.append((frame, snapshot))
 
     def draw_some(self) -> None:
-        """Draw the finished frames once ``draw_frames`` wait. Called after the next chunk is queued: the host
-        then works on this drawing while the GPU runs that chunk's networks, not with the GPU idle."""
+        """Hand the finished frames over for drawing once ``draw_frames`` wait. Called after the next chunk is
+        queued: the copy then runs behind that chunk's networks."""
         if len(self.undrawn) >= self.draw_frames:
             self.draw()
 
     def draw(self) -> None:
-        """Plan and draw the frames finished so far on the engine's device, and hand them to the encoders."""
+        """Hand the frames finished so far to the drawing process (on a GPU, a copy queued there)."""
         undrawn, self.undrawn = self.undrawn, []
         if not undrawn:
             return
         frames = [frame for frame, _ in undrawn]
         faces = [snapshot for _, snapshot in undrawn]
         t0 = time.perf_counter()
-        marks = self.planner.plan([frame.shape[:2] for frame in frames], faces,
-                                  [[_color(f.face_id) for f, _ in snapshot] for snapshot in faces])
-        t1 = time.perf_counter()
-        drawn = self.canvas.render([frame.on_device(self.engine.device) for frame in frames], marks)
-        t2 = time.perf_counter()
-        waited = self.annotated.wait_seconds
-        self.annotated.put([frame.index for frame in frames], drawn, self.canvas.size)
-        waited = self.annotated.wait_seconds - waited
-        self.seconds["plan"] += t1 - t0
-        self.seconds["draw"] += t2 - t1
-        self.seconds["hand-over"] += time.perf_counter() - t2 - waited
-        self.seconds["encoder wait"] += waited
+        waited = self.drawing.wait_seconds
+        self.drawing.put(self.video_number, [frame.on_device(self.engine.device) for frame in frames], [frame.index for frame in frames],
+                         faces, [[_color(f.face_id) for f, _ in snapshot] for snapshot in faces])
+        waited = self.drawing.wait_seconds - waited
+        self.seconds["hand-over"] += time.perf_counter() - t0 - waited
+        self.seconds["drawing wait"] += waited
         for frame in frames:
-            frame.pixels = frame.ready = None  # drawn: free the GPU copy now
+            frame.pixels = frame.ready = None  # copied: free the GPU copy now
 
     def close(self) -> Optional[Path]:
         """Finish every output; returns the video's path if one was written. No frame: nothing is kept."""
         self.rows.close(keep=self.frames > 0)
-        if self.annotated is None:
+        if self.drawing is None:
             return None
         try:
             self.draw()  # every frame with rows is in the video too
         finally:
-            video = self.annotated.close()  # every frame handed over is encoded and kept
-        self.seconds["encode"] = self.annotated.encode_seconds
-        return video
+            self.drawn = self.drawing.finish(self.video_number)  # every frame handed over is drawn, encoded and kept
+        if not self.drawn.apart:  # drawn within put(): the hand-over's time is the drawing's stages
+            self.seconds["hand-over"] -= sum(v for k, v in self.drawn.seconds.items() if k != "encode")
+        self.seconds.update(self.drawn.seconds)
+        return self.drawn.path
+
+
+class _Drawers:
+    """Where the annotated videos are drawn: by a process of its own (:class:`DrawingProcess`: the analysis goes
+    on meanwhile), started with the first one, if it is up by the time the model is loaded or the video is
+    long enough to wait for it (``WAIT_FRAMES``); else in this process (:class:`LocalDrawing`). The choice,
+    made for the first video, holds for the others."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.process: Optional[DrawingProcess] = None
+        self.chosen: "Optional[DrawingProcess | LocalDrawing]" = None
+
+    def start(self) -> None:
+        """Start the drawing process, if not yet started or decided against."""
+        if self.process is None and self.chosen is None:
+            self.process = DrawingProcess(select_device(self.args.device, quiet=True))
+
+    def choose(self, frames: Optional[int]) -> "DrawingProcess | LocalDrawing":
+        """The drawing for a video of ``frames`` (None: unknown, a camera's), once the model is loaded."""
+        if self.chosen is None:
+            if self.process.ready or not frames or frames >= WAIT_FRAMES:
+                self.chosen = self.process
+            else:
+                self.process.close(now=True)
+                self.chosen, self.process = LocalDrawing(self.process.device), None
+        return self.chosen
+
+    def close(self) -> None:
+        """Finish every video still open, and end the process."""
+        if self.chosen is not None:
+            self.chosen.close()
+        elif self.process is not None:
+            self.process.close(now=True)
 
 
 class _Stop:
@@ -321,7 +357,7 @@ class _Running:
     """One video while its chunks flow: its job, reader, progress bar and clocks."""
 
     def __init__(self, args: argparse.Namespace, task: VideoTask, reader: VideoReader, get_pipeline,
-                 startup: Optional[StartupClock]) -> None:
+                 startup: Optional[StartupClock], drawers: "_Drawers") -> None:
         self.reader, self.startup, self.source = reader, startup, task.source
         self.error: Optional[InputError] = None
         self.ended = False
@@ -332,7 +368,8 @@ class _Running:
         if startup is not None:
             startup.mark("model, engine and warm-up")
         self.cpu0 = _cpu_seconds()  # before the job exists: its encoders' CPU is counted from here
-        self.job = VideoJob(args, pipeline, reader, task.outputs)
+        drawing = drawers.choose(reader.expected_frames) if task.outputs.video else None
+        self.job = VideoJob(args, pipeline, reader, task.outputs, drawing)
         self.wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
         self.bar = tqdm(total=reader.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True,
                         desc=task.desc)
@@ -364,9 +401,10 @@ class _Running:
             except InputError as exc:  # the annotated video could not be written: this video's error
                 self.error = self.error or exc
         self.job._sync()
-        own, children = (b - a for a, b in zip(self.cpu0, _cpu_seconds()))  # the reader's and encoders' have ended
-        encoding = sum(self.job.annotated.cpu_seconds.values()) if self.job.annotated is not None else 0.0
-        cpu = {"this process": own, "decoding": children - encoding, "encoding": encoding}
+        own, children = (b - a for a, b in zip(self.cpu0, _cpu_seconds()))  # the reader's has ended
+        drawn = self.job.drawn.cpu if self.job.drawn is not None else {}
+        cpu = {"this process": own, "decoding": children, "drawing": drawn.get("drawing", 0.0),
+               "encoding": drawn.get("encoding", 0.0)}
         return VideoRun(self.job, time.perf_counter() - self.wall0, video, interrupted, cpu, self.error, self.source)
 
 
@@ -388,13 +426,16 @@ def analyse_many(args: argparse.Namespace, tasks: Iterable[VideoTask], get_pipel
     threads = torch.get_num_threads()
     current: Optional[_Running] = None
     previous: Optional[tuple[_Running, PendingChunk]] = None  # the last video's final chunk, not yet read
+    drawers = _Drawers(args)
     try:
         for task in tasks:
+            if task.outputs.video:  # the drawing process starts up while the video opens and the model loads
+                drawers.start()
             reader = task.reader if task.reader is not None else open_reader(args, task.source)
             if reader.device is not None:
                 torch.set_num_threads(min(4, threads))
             try:
-                current = _Running(args, task, reader, get_pipeline, startup)
+                current = _Running(args, task, reader, get_pipeline, startup, drawers)
             except BaseException:
                 reader.close()
                 raise
@@ -445,6 +486,7 @@ def analyse_many(args: argparse.Namespace, tasks: Iterable[VideoTask], get_pipel
         for running in (previous[0] if previous else None, current):
             if running is not None and not running.ended:
                 running.end(interrupted=True)
+        drawers.close()
 
 
 def no_frames(source: str) -> InputError:
@@ -492,15 +534,19 @@ def _summary(job: VideoJob, reader: VideoReader, run: VideoRun) -> None:
     job.seconds["decode"] = reader.decode_seconds
     print(f"\n{'interrupted: ' if interrupted else ''}{job.frames} frames, {job.faces} faces, "
           f"{job.frames / max(wall, 1e-9):.1f} frames/s end to end ({wall:.2f} s)", file=err)
-    per = ", ".join(f"{k} {1e3 * v / max(job.frames, 1):.2f}" for k, v in job.seconds.items())
-    encoding = (f", encode in {job.annotated.workers} of their own (their time adds up)"
-                if job.annotated is not None else "")
-    print(f"time per frame by stage (ms; decode runs in a process of its own{encoding}, beside detect, EmoNet "
-          f"(tracking and crops included), results, plan and draw): {per}", file=err)
+    drawn = job.drawn
+    shown = {k: v for k, v in job.seconds.items() if drawn is not None or k in STAGES[:4]}
+    per = ", ".join(f"{k} {1e3 * v / max(job.frames, 1):.2f}" for k, v in shown.items())
+    others = ""
+    if drawn is not None:
+        others = (f"{'; plan, draw, to encoders and encoder wait in the drawing process' if drawn.apart else ''}; "
+                  f"encode in {drawn.workers} encoding process{'es' if drawn.workers > 1 else ''} (their time adds up)")
+    print(f"time per frame by stage (ms; decode runs in a process of its own{others}; the rest in this one, "
+          f"EmoNet with tracking and crops): {per}", file=err)
     cores = sum(run.cpu.values()) / max(wall, 1e-9)
     print("CPU-seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in run.cpu.items() if v > 0)
           + f" ({cores:.1f} of {os.cpu_count()} cores busy on average)", file=err)
-    if job.canvas is not None and job.canvas.resized:
+    if drawn is not None and drawn.resized:
         print("note: the video changed frame size; frames were resized to the first frame's size", file=err)
     for path, what in ((video, "annotated video"), (job.outputs.csv, "CSV"), (job.outputs.jsonl, "JSONL")):
         if path:

@@ -1,0 +1,341 @@
+"""The annotated video drawn in a process of its own (:mod:`.worker`): planned, drawn on the frames' GPU
+and handed to the encoders there, while this process analyses the next frames.
+
+On a GPU the frames never leave it: this process copies each chunk into a ring of chunk-sized slots on
+the GPU that both processes map (CUDA IPC), and interprocess events order the copies and the drawing
+on the device, without either process waiting. On the CPU the frames go through the pipe.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import resource
+import queue
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from ..io import ipc
+from ..io.annotated import WORKER_ENV, AnnotatedVideoWriter
+from ..io.images import InputError
+from .canvas import VideoCanvas
+from .marks import Planner
+
+SLOTS = 3  # chunks in the GPU frame ring: one being drawn, one waiting, one being copied in
+RING_BYTES = 1 << 30  # the GPU frame ring's size, at most (a chunk's slot holds fewer frames of large videos)
+
+
+@dataclass
+class DrawnVideo:
+    """How an annotated video's drawing and encoding went."""
+
+    path: Optional[Path]                 # the video, None when no frame was written
+    seconds: dict[str, float]            # in the drawing process: plan, draw, to encoders, encoder wait;
+                                         # encode: the encoders'
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU-seconds: drawing, encoding
+    resized: bool = False                # the video changed frame size; frames were resized to the first's
+    workers: int = 1                     # encoder processes
+    apart: bool = True                   # drawn in a process of its own (else in the analysing one)
+
+    @classmethod
+    def from_report(cls, report: dict, apart: bool = True) -> "DrawnVideo":
+        """From :meth:`VideoDrawing.close`'s report; :class:`InputError` if the video failed."""
+        if report["error"] is not None:
+            error = report["error"]
+            raise InputError(error if error.startswith("writing the annotated video failed")
+                             else f"writing the annotated video failed: {error}")
+        cpu = report["cpu"] if apart else {"encoding": report["cpu"]["encoding"]}  # else in this process's
+        return cls(Path(report["path"]) if report["path"] else None, {**report["seconds"], "encode": report["encode"]},
+                   cpu, report["resized"], report["workers"], apart)
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class VideoDrawing:
+    """One annotated video's planner, canvas, encoders and clocks (in the drawing process, or in this one)."""
+
+    def __init__(self, spec: dict, device) -> None:
+        self.planner = Planner(spec["class_names"])
+        self.canvas = VideoCanvas(spec["class_names"], spec["banner"], device)
+        self.seconds = dict.fromkeys(("plan", "draw", "to encoders", "encoder wait"), 0.0)
+        self.cpu0 = _cpu()
+        self.writer, self.failed = None, None
+        try:  # its encoders start now
+            self.writer = AnnotatedVideoWriter(spec["path"], spec["fps"], codec=spec["codec"], workers=spec["workers"])
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which turns it into one line
+            self.failed = f"{exc}"
+
+    def draw(self, images: list, indices: list, faces: list, colors: list) -> None:
+        """Plan, draw and hand over one chunk."""
+        t0 = time.perf_counter()
+        marks = self.planner.plan([tuple(i.shape[:2]) for i in images], faces, colors)
+        t1 = time.perf_counter()
+        drawn = self.canvas.render(images, marks)
+        t2 = time.perf_counter()
+        waited = self.writer.wait_seconds
+        self.writer.put(indices, drawn, self.canvas.size)
+        waited = self.writer.wait_seconds - waited
+        self.seconds["plan"] += t1 - t0
+        self.seconds["draw"] += t2 - t1
+        self.seconds["to encoders"] += time.perf_counter() - t2 - waited
+        self.seconds["encoder wait"] += waited
+
+    def close(self) -> dict:
+        """Finish the video (every frame handed over is encoded and kept); how it went, as a dict (it crosses
+        the pipe)."""
+        path, writer = None, self.writer
+        if writer is not None:
+            try:
+                path = writer.close()
+            except Exception as exc:  # noqa: BLE001
+                self.failed = self.failed or f"{exc}"
+        return {"path": str(path) if path else None, "seconds": self.seconds, "error": self.failed,
+                "resized": self.canvas.resized, "workers": writer.workers if writer else 1,
+                "encode": writer.encode_seconds if writer else 0.0,
+                "cpu": {"drawing": _cpu() - self.cpu0,
+                        "encoding": sum(writer.cpu_seconds.values()) if writer else 0.0}}
+
+
+class DrawingProcess:
+    """``open()`` a video (a number for it), ``put()`` its frames chunk after chunk with their faces,
+    ``finish()`` it; several videos one after the other (the next one may open before the last one's final
+    frames are put); ``close()`` at the end.
+
+    The process starts at once (torch's import and the device's start-up run while the model loads).
+    ``put`` returns as soon as the frames are copied (on a GPU, queued), unless the drawing is a full
+    ring behind: ``wait_seconds`` is the time it waited then.
+    """
+
+    def __init__(self, device: Union[str, torch.device]) -> None:
+        self.device = torch.device(device)
+        worker = Path(__file__).resolve().with_name("worker.py")
+        self._proc = subprocess.Popen([sys.executable, str(worker), str(self.device)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, env={**os.environ, **WORKER_ENV})
+        self._state = threading.Condition()
+        self._ready: Optional[list] = None
+        self._busy = [False] * SLOTS  # per ring slot: handed to the drawing process, not yet drawn
+        self._next = 0
+        self._errors: dict[int, str] = {}      # per video
+        self._closed: dict[int, dict] = {}     # per video, its report
+        self._videos = 0
+        self._died: Optional[str] = None
+        self._ended = False
+        self._events: list = []          # the drawing process's "slot read" events (GPU)
+        self._copied: list = []          # this process's "slot copied" events (GPU)
+        self._ring: Optional[torch.Tensor] = None
+        self._in_flight = 0  # chunks sent, not yet drawn
+        self.wait_seconds = 0.0
+        # Messages are written by a thread: a chunk's message is larger than a pipe holds, and the main
+        # thread would otherwise wait for the drawing process to read it, which it does once the chunk
+        # before is drawn.
+        self._outbox: "queue.Queue[Optional[bytes]]" = queue.Queue()
+        self._writer = threading.Thread(target=self._write, name="emonet-drawing-send", daemon=True)
+        self._writer.start()
+        self._listener = threading.Thread(target=self._listen, name="emonet-drawing", daemon=True)
+        self._listener.start()
+
+    def _write(self) -> None:
+        broken = False
+        while True:
+            data = self._outbox.get()
+            if data is None:
+                break
+            if not broken:
+                try:
+                    self._proc.stdin.write(data)
+                    self._proc.stdin.flush()
+                except (BrokenPipeError, OSError):  # it has ended: the listener says why
+                    broken = True
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+
+    def _listen(self) -> None:
+        for message in ipc.messages(self._proc.stdout):
+            with self._state:
+                kind = message[0]
+                if kind == "ready":
+                    self._ready = message[1] or []
+                elif kind == "done":
+                    self._in_flight -= 1
+                    if message[1] is not None:
+                        self._busy[message[1]] = False
+                elif kind == "error":
+                    self._errors.setdefault(message[1], message[2])
+                elif kind == "closed":
+                    self._closed[message[1]] = message[2]
+                self._state.notify_all()
+        code = self._proc.wait()
+        with self._state:
+            self._ended = True
+            self._died = f"the drawing process ended unexpectedly (exit code {code})"
+            self._state.notify_all()
+
+    def _send(self, message, shared: bool = False) -> None:
+        """Queue one message (as :func:`emonet.io.ipc.send` writes it); ``shared``: CUDA tensors in it cross
+        as IPC handles (torch's reductions for multiprocessing; pickled here, on the stream of their work)."""
+        self._check(None)
+        if shared:
+            from multiprocessing.reduction import ForkingPickler
+            from torch.multiprocessing import reductions
+
+            reductions.init_reductions()
+            data = bytes(ForkingPickler.dumps(message, pickle.HIGHEST_PROTOCOL))
+        else:
+            data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if message[0] == "chunk":
+            with self._state:
+                self._in_flight += 1
+        self._outbox.put(struct.pack(">I", len(data)) + data)
+
+    def _wait(self, done) -> None:
+        """Wait (counted in ``wait_seconds``) until ``done()`` or the process has ended."""
+        t0 = time.perf_counter()
+        with self._state:
+            while not done() and not self._ended:
+                self._state.wait(timeout=0.5)
+        self.wait_seconds += time.perf_counter() - t0
+
+    def _check(self, video: Optional[int]) -> None:
+        """Raise :class:`InputError` if the video failed, or the process has ended."""
+        error = self._errors.get(video) or self._died
+        if error is not None:
+            raise InputError(error if error.startswith("writing the annotated video failed")
+                             else f"writing the annotated video failed: {error}")
+
+    def open(self, path: Union[str, Path], fps: float, class_names: Sequence[str], banner: Optional[str] = None,
+             codec: str = "h264", workers: Optional[int] = None) -> int:
+        """Start a video at ``path`` (its encoders start now); its number, for :meth:`put` and :meth:`finish`."""
+        self._videos += 1
+        self._send(("open", self._videos, {"path": str(path), "fps": fps, "class_names": list(class_names), "banner": banner,
+                             "codec": codec, "workers": workers}))
+        return self._videos
+
+    def put(self, video: int, images: Sequence[torch.Tensor], indices: Sequence[int], faces: Sequence,
+            colors: Sequence) -> None:
+        """Draw these frames of ``video`` (``(H, W, 3)`` uint8 RGB tensors on the device, in order) with their faces (per
+        frame, ``(FaceResult, trail)`` pairs) and colours (per frame, one per face), and encode them."""
+        self._check(video)
+        if not len(images):
+            return
+        shape = tuple(images[0].shape)
+        if self.device.type != "cuda" or any(tuple(i.shape) != shape for i in images):
+            # The CPU's frames, or a chunk whose frames changed size (rare): through the pipe, a few chunks ahead.
+            self._wait(lambda: self._ready is not None and self._in_flight < SLOTS)
+            frames = [i.cpu().numpy() if self.device.type != "cuda" else i for i in images]
+            self._send(("chunk", video, None, frames, list(indices), list(faces), list(colors)),
+                       shared=self.device.type == "cuda")
+            return
+        capacity = self._capacity(shape, len(images))
+        for lo in range(0, len(images), capacity):  # a chunk larger than a slot goes in pieces
+            self._put_slot(video, images[lo:lo + capacity], indices[lo:lo + capacity], faces[lo:lo + capacity],
+                           colors[lo:lo + capacity])
+        self._check(video)
+
+    def _capacity(self, shape: tuple, frames: int) -> int:
+        """Frames per slot (a new ring, sized for chunks of ``frames``, when the frames are not the ring's)."""
+        if self._ring is not None and tuple(self._ring.shape[2:]) == shape:
+            return self._ring.shape[1]
+        self._wait(lambda: self._ready is not None)
+        self._wait(lambda: not any(self._busy))  # the old ring's chunks drawn
+        self._check(None)
+        capacity = int(np.clip(RING_BYTES // (SLOTS * int(np.prod(shape))), 1, max(frames, 32)))
+        stream = torch.cuda.current_stream(self.device)
+        for event in self._events:  # the old ring's memory is reused only after the drawing has read it
+            stream.wait_event(event)
+        with torch.cuda.device(self.device):
+            self._ring = torch.empty((SLOTS, capacity, *shape), dtype=torch.uint8, device=self.device)
+            self._events = [torch.cuda.Event.from_ipc_handle(self.device, h) for h in self._ready]
+            self._copied = [torch.cuda.Event(interprocess=True) for _ in range(SLOTS)]
+        self._send(("ring", self._ring, [e.ipc_handle() for e in self._copied]), shared=True)
+        return capacity
+
+    def _put_slot(self, video: int, images: Sequence[torch.Tensor], indices: Sequence[int], faces: Sequence,
+                  colors: Sequence) -> None:
+        slot = self._next
+        self._wait(lambda: not self._busy[slot])
+        self._check(video)
+        self._next = (slot + 1) % SLOTS
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(self._events[slot])  # its last chunk read by the drawing
+        torch.stack(list(images), out=self._ring[slot, :len(images)])
+        self._copied[slot].record(stream)
+        with self._state:
+            self._busy[slot] = True
+        self._send(("chunk", video, slot, None, list(indices), list(faces), list(colors)))
+
+    def finish(self, video: int) -> DrawnVideo:
+        """Finish ``video``: every frame put is drawn, encoded and kept. Raises :class:`InputError` on a
+        failure, after keeping what could be kept."""
+        self._send(("close", video))
+        self._wait(lambda: video in self._closed)
+        report = self._closed.pop(video, None)
+        if report is None:
+            self._check(None)
+        return DrawnVideo.from_report(report)
+
+    @property
+    def ready(self) -> bool:
+        """The process is up (torch imported, the device started): a chunk put now is drawn at once."""
+        return self._ready is not None
+
+    def close(self, now: bool = False) -> None:
+        """End the process (an open video is finished first); ``now``: at once, not used (still starting)."""
+        if now:
+            self._proc.kill()
+        self._outbox.put(None)
+        self._writer.join()
+        self._listener.join()
+        self._ring = None
+        self._events = self._copied = []
+
+
+class LocalDrawing:
+    """What :class:`DrawingProcess` does, in this process: for jobs too short to repay the process's start-up."""
+
+    def __init__(self, device: Union[str, torch.device]) -> None:
+        self.device = torch.device(device)
+        self.wait_seconds = 0.0  # never waits: drawing is done in :meth:`put`
+        self._videos: dict[int, VideoDrawing] = {}
+        self._count = 0
+
+    def open(self, path: Union[str, Path], fps: float, class_names: Sequence[str], banner: Optional[str] = None,
+             codec: str = "h264", workers: Optional[int] = None) -> int:
+        """As :meth:`DrawingProcess.open`."""
+        self._count += 1
+        self._videos[self._count] = VideoDrawing({"path": str(path), "fps": fps, "class_names": list(class_names),
+                                                  "banner": banner, "codec": codec, "workers": workers}, self.device)
+        return self._count
+
+    def put(self, video: int, images: Sequence[torch.Tensor], indices: Sequence[int], faces: Sequence,
+            colors: Sequence) -> None:
+        """As :meth:`DrawingProcess.put`, drawn before it returns."""
+        drawing = self._videos[video]
+        if drawing.failed is None and len(images):
+            try:
+                drawing.draw(list(images), list(indices), list(faces), list(colors))
+            except InputError as exc:
+                drawing.failed = f"{exc}"
+        if drawing.failed is not None:
+            DrawnVideo.from_report({"error": drawing.failed})
+
+    def finish(self, video: int) -> DrawnVideo:
+        """As :meth:`DrawingProcess.finish`."""
+        return DrawnVideo.from_report(self._videos.pop(video).close(), apart=False)
+
+    def close(self, now: bool = False) -> None:
+        """Finish the videos still open."""
+        for video in list(self._videos):
+            self._videos.pop(video).close()

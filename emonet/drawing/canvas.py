@@ -36,7 +36,7 @@ class VideoCanvas:
     """``draw(images, faces, colors)``: a chunk of annotated frames as I420, on the images' device.
 
     ``render(images, marks)`` draws a chunk planned elsewhere (a :class:`~.marks.Planner` or
-    :class:`~.marks.MarksProcess` of this canvas's video alone, chunks in order): ``draw`` is ``render`` of
+    the drawing process's, of this canvas's video alone, chunks in order): ``draw`` is ``render`` of
     the canvas's own planner's marks. The first chunk's frame size is the video's: a frame of another size
     is resized to it (its faces are scaled by the planner), and ``resized`` is set.
     """

@@ -234,8 +234,9 @@ class VideoJob:
         faces = [snapshot for _, snapshot in undrawn]
         t0 = time.perf_counter()
         waited = self.drawing.wait_seconds
-        self.drawing.put(self.video_number, [frame.on_device(self.engine.device) for frame in frames], [frame.index for frame in frames],
-                         faces, [[_color(f.face_id) for f, _ in snapshot] for snapshot in faces])
+        self.drawing.put(self.video_number, [frame.on_device(self.engine.device) for frame in frames],
+                         [frame.index for frame in frames], faces,
+                         [[_color(f.face_id) for f, _ in snapshot] for snapshot in faces])
         waited = self.drawing.wait_seconds - waited
         self.seconds["hand-over"] += time.perf_counter() - t0 - waited
         self.seconds["drawing wait"] += waited

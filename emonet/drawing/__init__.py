@@ -1,5 +1,6 @@
 """Drawing results: on photos with OpenCV (:mod:`.opencv`), on video frames with torch (:mod:`.canvas`),
-from marks planned with NumPy (:mod:`.marks`).
+from marks planned with NumPy (:mod:`.marks`), for an annotated video in a process of its own
+(:mod:`.process`).
 
 The canvas is imported on first use, so what needs only the palette, the photo marks or the planning (a
 plotting or planning process, say) does not import torch.

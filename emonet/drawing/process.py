@@ -49,12 +49,16 @@ class DrawnVideo:
     def from_report(cls, report: dict, apart: bool = True) -> "DrawnVideo":
         """From :meth:`VideoDrawing.close`'s report; :class:`InputError` if the video failed."""
         if report["error"] is not None:
-            error = report["error"]
-            raise InputError(error if error.startswith("writing the annotated video failed")
-                             else f"writing the annotated video failed: {error}")
+            raise _failure(report["error"])
         cpu = report["cpu"] if apart else {"encoding": report["cpu"]["encoding"]}  # else in this process's
         return cls(Path(report["path"]) if report["path"] else None, {**report["seconds"], "encode": report["encode"]},
                    cpu, report["resized"], report["workers"], apart)
+
+
+def _failure(error: str) -> InputError:
+    """The one line a failed annotated video ends with."""
+    prefix = "writing the annotated video failed"
+    return InputError(error if error.startswith(prefix) else f"{prefix}: {error}")
 
 
 def _cpu() -> float:
@@ -130,7 +134,7 @@ class DrawingProcess:
         self._closed: dict[int, dict] = {}     # per video, its report
         self._videos = 0
         self._died: Optional[str] = None
-        self._ended = False
+        self._ended = self._closing = False
         self._events: list = []          # the drawing process's "slot read" events (GPU)
         self._copied: list = []          # this process's "slot copied" events (GPU)
         self._ring: Optional[torch.Tensor] = None
@@ -180,7 +184,8 @@ class DrawingProcess:
         code = self._proc.wait()
         with self._state:
             self._ended = True
-            self._died = f"the drawing process ended unexpectedly (exit code {code})"
+            if not self._closing:
+                self._died = f"the drawing process ended unexpectedly (exit code {code})"
             self._state.notify_all()
 
     def _send(self, message, shared: bool = False) -> None:
@@ -212,21 +217,20 @@ class DrawingProcess:
         """Raise :class:`InputError` if the video failed, or the process has ended."""
         error = self._errors.get(video) or self._died
         if error is not None:
-            raise InputError(error if error.startswith("writing the annotated video failed")
-                             else f"writing the annotated video failed: {error}")
+            raise _failure(error)
 
     def open(self, path: Union[str, Path], fps: float, class_names: Sequence[str], banner: Optional[str] = None,
              codec: str = "h264", workers: Optional[int] = None) -> int:
         """Start a video at ``path`` (its encoders start now); its number, for :meth:`put` and :meth:`finish`."""
         self._videos += 1
-        self._send(("open", self._videos, {"path": str(path), "fps": fps, "class_names": list(class_names), "banner": banner,
-                             "codec": codec, "workers": workers}))
+        self._send(("open", self._videos, {"path": str(path), "fps": fps, "class_names": list(class_names),
+                                           "banner": banner, "codec": codec, "workers": workers}))
         return self._videos
 
     def put(self, video: int, images: Sequence[torch.Tensor], indices: Sequence[int], faces: Sequence,
             colors: Sequence) -> None:
-        """Draw these frames of ``video`` (``(H, W, 3)`` uint8 RGB tensors on the device, in order) with their faces (per
-        frame, ``(FaceResult, trail)`` pairs) and colours (per frame, one per face), and encode them."""
+        """Draw these frames of ``video`` (``(H, W, 3)`` uint8 RGB tensors on the device, in order) with their
+        faces (per frame, ``(FaceResult, trail)`` pairs) and colours (per frame, one per face), and encode them."""
         self._check(video)
         if not len(images):
             return
@@ -293,6 +297,7 @@ class DrawingProcess:
 
     def close(self, now: bool = False) -> None:
         """End the process (an open video is finished first); ``now``: at once, not used (still starting)."""
+        self._closing = True
         if now:
             self._proc.kill()
         self._outbox.put(None)
@@ -329,7 +334,7 @@ class LocalDrawing:
             except InputError as exc:
                 drawing.failed = f"{exc}"
         if drawing.failed is not None:
-            DrawnVideo.from_report({"error": drawing.failed})
+            raise _failure(drawing.failed)
 
     def finish(self, video: int) -> DrawnVideo:
         """As :meth:`DrawingProcess.finish`."""

@@ -25,10 +25,10 @@ finishes the open videos and exits. It ignores Ctrl-C: the parent, which sees it
 """
 from __future__ import annotations
 
-import importlib
 import signal
 import sys
 from pathlib import Path
+
 
 def _warm_up(device) -> None:
     """Plan, draw and convert two small frames: a process's first use of each GPU kernel loads it (and
@@ -55,11 +55,8 @@ def main(device_name: str) -> int:
     import numpy as np
     import torch
 
-    from emonet.drawing.process import SLOTS, VideoDrawing
+    from emonet.drawing.process import SLOTS, VideoDrawing  # (the canvas and the encoders' writer with it)
     from emonet.io.ipc import messages, send
-
-    for module in ("emonet.drawing.canvas", "emonet.io.annotated"):  # now, while the parent loads its model
-        importlib.import_module(module)
 
     out = sys.stdout.buffer
     device = torch.device(device_name)

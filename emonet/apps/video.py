@@ -168,7 +168,7 @@ class VideoJob:
         if self.drawing is not None:
             banner = f"EmoNet: {UNTRAINED_LABEL}" if self.engine.untrained else None
             self.video_number = self.drawing.open(outputs.video, reader.fps, self.names, banner, codec=args.codec,
-                              workers=args.video_workers)
+                                                  workers=args.video_workers)
         self.seconds = dict.fromkeys(STAGES, 0.0)
         self.timer = LatencyTimer(self.engine.device)
         self.frames = self.faces = 0
@@ -368,7 +368,7 @@ class _Running:
         pipeline = get_pipeline((height or 720, width or 1280, 3), reader.expected_frames)  # cameras may not say
         if startup is not None:
             startup.mark("model, engine and warm-up")
-        self.cpu0 = _cpu_seconds()  # before the job exists: its encoders' CPU is counted from here
+        self.cpu0 = _cpu_seconds()  # before the job exists: its processes' CPU is counted from here
         drawing = drawers.choose(reader.expected_frames) if task.outputs.video else None
         self.job = VideoJob(args, pipeline, reader, task.outputs, drawing)
         self.wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
@@ -402,10 +402,12 @@ class _Running:
             except InputError as exc:  # the annotated video could not be written: this video's error
                 self.error = self.error or exc
         self.job._sync()
-        own, children = (b - a for a, b in zip(self.cpu0, _cpu_seconds()))  # the reader's has ended
-        drawn = self.job.drawn.cpu if self.job.drawn is not None else {}
-        cpu = {"this process": own, "decoding": children, "drawing": drawn.get("drawing", 0.0),
-               "encoding": drawn.get("encoding", 0.0)}
+        own, children = (b - a for a, b in zip(self.cpu0, _cpu_seconds()))  # the reader's have ended
+        drawn = self.job.drawn
+        drawing, encoding = (drawn.cpu.get("drawing", 0.0), drawn.cpu["encoding"]) if drawn is not None else (0.0, 0.0)
+        if drawn is not None and not drawn.apart:  # the encoders were this process's children
+            children -= encoding
+        cpu = {"this process": own, "decoding": children, "drawing": drawing, "encoding": encoding}
         return VideoRun(self.job, time.perf_counter() - self.wall0, video, interrupted, cpu, self.error, self.source)
 
 

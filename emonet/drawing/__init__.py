@@ -3,7 +3,7 @@ from marks planned with NumPy (:mod:`.marks`), for an annotated video in a proce
 (:mod:`.process`).
 
 The canvas is imported on first use, so what needs only the palette, the photo marks or the planning (a
-plotting or planning process, say) does not import torch.
+plotting process, say) does not import torch.
 """
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
 """The annotated video's encoder processes: I420 frames in slots, segments joined into one playable file."""
+import subprocess
+import sys
+
 import av
 import cv2
 import numpy as np
@@ -6,6 +9,7 @@ import pytest
 import torch
 
 from emonet.io.annotated import AnnotatedVideoWriter
+from emonet.io.encode_worker import Spare
 from emonet.io.images import InputError
 
 from .test_video import probe, top_level_boxes
@@ -83,3 +87,28 @@ def test_mp4v_takes_the_same_frames(tmp_path):
             break
         means.append(bgr.mean())
     assert len(means) == 6 and all(abs(m - 40 * i) <= 4 for i, m in enumerate(means))
+
+
+def test_an_encoder_started_ahead_encodes_the_video_and_the_next_one_waits_for_its_own(tmp_path):
+    spare = Spare()
+    first = spare.take()
+    second = spare._proc  # started by take(), for the next video
+    writer = AnnotatedVideoWriter(tmp_path / "a.mp4", 25.0, workers=1, encoder=first)
+    assert writer._procs == [first]
+    writer.put(range(3), torch.stack([i420(60)] * 3), SIZE)
+    assert writer.close() == tmp_path / "a.mp4" and probe(tmp_path / "a.mp4")["frames"] == 3
+    assert first.returncode == 0
+    with pytest.raises(InputError, match=".mp4"):  # a refused name ends the encoder it was given
+        AnnotatedVideoWriter(tmp_path / "a.gif", 25.0, encoder=spare.take())
+    assert second.poll() is not None
+    third = spare._proc
+    spare.close()  # the one not taken ends too
+    assert third.poll() is not None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mp4"]
+
+
+def test_an_encoder_whose_parent_dies_ends_quietly():
+    # The spare's parent exits at once: the spare reads the end of its input, and its last line finds no one.
+    parent = subprocess.run([sys.executable, "-c", "import os; from emonet.io.encode_worker import Spare; "
+                             "Spare(); os._exit(0)"], capture_output=True, text=True, timeout=120)
+    assert parent.returncode == 0 and parent.stderr == ""  # read to its end: the spare, its heir, has ended too

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from ..io import ipc
-from ..io.annotated import WORKER_ENV, AnnotatedVideoWriter
+from ..io.annotated import AnnotatedVideoWriter
+from ..io.encode_worker import WORKER_ENV, Spare
 from ..io.images import InputError
 from .canvas import VideoCanvas
 from .marks import Planner
@@ -69,14 +70,16 @@ def _cpu() -> float:
 class VideoDrawing:
     """One annotated video's planner, canvas, encoders and clocks (in the drawing process, or in this one)."""
 
-    def __init__(self, spec: dict, device) -> None:
+    def __init__(self, spec: dict, device, encoder: Optional[subprocess.Popen] = None) -> None:
+        """``encoder``: an encoding process started ahead (:class:`emonet.io.encode_worker.Spare`), used first."""
         self.planner = Planner(spec["class_names"])
         self.canvas = VideoCanvas(spec["class_names"], spec["banner"], device)
         self.seconds = dict.fromkeys(("plan", "draw", "to encoders", "encoder wait"), 0.0)
         self.cpu0 = _cpu()
         self.writer, self.failed = None, None
         try:  # its encoders start now
-            self.writer = AnnotatedVideoWriter(spec["path"], spec["fps"], codec=spec["codec"], workers=spec["workers"])
+            self.writer = AnnotatedVideoWriter(spec["path"], spec["fps"], codec=spec["codec"], workers=spec["workers"],
+                                               encoder=encoder)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which turns it into one line
             self.failed = f"{exc}"
 
@@ -315,13 +318,15 @@ class LocalDrawing:
         self.wait_seconds = 0.0  # never waits: drawing is done in :meth:`put`
         self._videos: dict[int, VideoDrawing] = {}
         self._count = 0
+        self._spare = Spare()  # the encoder of the first video, then of each next one
 
     def open(self, path: Union[str, Path], fps: float, class_names: Sequence[str], banner: Optional[str] = None,
              codec: str = "h264", workers: Optional[int] = None) -> int:
         """As :meth:`DrawingProcess.open`."""
         self._count += 1
         self._videos[self._count] = VideoDrawing({"path": str(path), "fps": fps, "class_names": list(class_names),
-                                                  "banner": banner, "codec": codec, "workers": workers}, self.device)
+                                                  "banner": banner, "codec": codec, "workers": workers}, self.device,
+                                                 self._spare.take())
         return self._count
 
     def put(self, video: int, images: Sequence[torch.Tensor], indices: Sequence[int], faces: Sequence,
@@ -344,3 +349,4 @@ class LocalDrawing:
         """Finish the videos still open."""
         for video in list(self._videos):
             self._videos.pop(video).close()
+        self._spare.close()

@@ -52,6 +52,9 @@ def _warm_up(device) -> None:
 def main(device_name: str) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the package, wherever it is installed
+    from emonet.io.encode_worker import Spare
+
+    spare = Spare()  # the first video's encoder starts now, beside torch's import, not when the video opens
     import numpy as np
     import torch
 
@@ -78,7 +81,7 @@ def main(device_name: str) -> int:
         kind = message[0]
         if kind == "open":
             _, number, spec = message
-            video = videos[number] = VideoDrawing(spec, device)
+            video = videos[number] = VideoDrawing(spec, device, spare.take())
             if video.failed is not None:
                 send(out, ("error", number, video.failed))
         elif kind == "ring":
@@ -106,6 +109,7 @@ def main(device_name: str) -> int:
             send(out, ("closed", message[1], videos.pop(message[1]).close()))
     for video in videos.values():  # the parent ended without closing them: keep what was drawn
         video.close()
+    spare.close()
     return 0
 
 

@@ -17,7 +17,6 @@ import os
 import queue
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,22 +26,17 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
-from . import ipc
+from . import encode_worker, ipc
 from .images import InputError
 from .writer import check_video_name, join_segments
 
 SLOT_BUDGET = 512 << 20   # bytes of frames waiting for the encoders, at most
-# Each frame handed to FFmpeg gets a buffer of a few MB: glibc would map and unmap it at every frame, the
-# kernel zeroing fresh pages each time (system time rivalling x264's own); kept on the heap, it is reused.
-WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
 
 def default_threads(workers: int) -> int:
-    """x264 frame threads per encoder: half the cores shared out (the rest decode and analyse), up to 8.
-
-    Beyond about 8, x264's frame threads add little and compete with the decoding process.
-    """
-    return max(1, min(8, (os.cpu_count() or 1) // (2 * workers)))
+    """x264 frame threads per encoder: three quarters of the cores shared out (the rest decode, analyse and
+    draw), up to 12 (beyond, they add little and compete with the decoding process)."""
+    return max(1, min(12, (os.cpu_count() or 1) * 3 // 4 // workers))
 
 
 class AnnotatedVideoWriter:
@@ -53,8 +47,14 @@ class AnnotatedVideoWriter:
     """
 
     def __init__(self, path: Union[str, Path], fps: float, codec: str = "h264", workers: Optional[int] = None,
-                 segment_frames: Optional[int] = None, encoder_threads: Optional[int] = None) -> None:
-        check_video_name(path, codec)
+                 segment_frames: Optional[int] = None, encoder_threads: Optional[int] = None,
+                 encoder: Optional[subprocess.Popen] = None) -> None:
+        try:
+            check_video_name(path, codec)
+        except InputError:
+            if encoder is not None:
+                encode_worker.stop(encoder)
+            raise
         self.path = Path(path)
         self.fps = fps
         self.codec = codec
@@ -84,12 +84,10 @@ class AnnotatedVideoWriter:
         self._registered: Optional[int] = None
         self._handoff: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._sender: Optional[threading.Thread] = None
-        # The encoder processes start now: their start-up (Python, NumPy, PyAV) runs while the first frames
-        # are analysed, not after the first are drawn (the ring filled up and the analysis waited).
-        worker = Path(__file__).resolve().with_name("encode_worker.py")
+        # The encoder processes start now (``encoder``, one started ahead, :class:`encode_worker.Spare`, is
+        # used first): their start-up runs while the first frames are analysed.
         for k in range(self.workers):
-            proc = subprocess.Popen([sys.executable, str(worker)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    env={**os.environ, **WORKER_ENV})
+            proc = encoder if k == 0 and encoder is not None else encode_worker.start()
             self._procs.append(proc)
             reader = threading.Thread(target=self._listen, args=(proc,), name=f"emonet-encode-{k}", daemon=True)
             reader.start()

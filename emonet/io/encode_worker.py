@@ -19,15 +19,58 @@ reused: each frame is given back once copied for the encoder), ``S frames path``
 at the end), ``E message`` (a failure; later frames are then only released).
 It ignores Ctrl-C: the parent, which sees it too, ends the run by sending ``end``, so every frame handed
 over is kept.
+
+:func:`start` starts one; :class:`Spare` keeps one started ahead of the video that will need it.
 """
 from __future__ import annotations
 
+import importlib
 import mmap
+import os
 import resource
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
+
+# Each frame handed to FFmpeg gets a buffer of a few MB: glibc would map and unmap it at every frame, the
+# kernel zeroing fresh pages each time (system time rivalling x264's own); kept on the heap, it is reused.
+WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+
+
+def start() -> subprocess.Popen:
+    """Start an encoding process (pipes to and from it); it waits for ``open``."""
+    return subprocess.Popen([sys.executable, str(Path(__file__).resolve())], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env={**os.environ, **WORKER_ENV})
+
+
+class Spare:
+    """One encoding process started ahead of the video that will take it: its start-up (Python, NumPy, PyAV;
+    about half a second on a busy server) then runs before that video's first frames, not after them."""
+
+    def __init__(self) -> None:
+        self._proc: Optional[subprocess.Popen] = start()
+
+    def take(self) -> subprocess.Popen:
+        """The started process, yours to use; the next one starts now, for the next video."""
+        proc, self._proc = self._proc, start()
+        return proc
+
+    def close(self) -> None:
+        """End the process not taken."""
+        if self._proc is not None:
+            stop(self._proc)
+            self._proc = None
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End an encoding process given no video, at once (it may be still starting: nothing of it is kept)."""
+    proc.kill()
+    proc.wait()
+    proc.stdin.close()
+    proc.stdout.close()
 
 
 def main() -> int:
@@ -37,12 +80,19 @@ def main() -> int:
 
     from emonet.io.ipc import messages
     from emonet.io.writer import VideoWriter
+    try:  # PyAV now, while this process waits for its video, not when its first frames come
+        importlib.import_module("av")
+    except ImportError:  # the writer says so, if the video needs it
+        pass
 
     out = sys.stdout
 
     def say(line: str) -> None:
-        out.write(line + "\n")
-        out.flush()
+        try:
+            out.write(line + "\n")
+            out.flush()
+        except OSError:  # the parent has ended (a spare's, say): no one listens, and the exit stays quiet
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
 
     slots = spec = writer = None
     failed = False
@@ -94,4 +144,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    # Every file is closed and every line said: skip the interpreter's tear-down (tens of ms), which the parent
+    # would wait for at the end of each video.
+    os._exit(code)

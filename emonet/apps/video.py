@@ -587,7 +587,7 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                           "PyAV) or mp4v (MPEG-4 Part 2 through OpenCV, for setups without PyAV)")
     out.add_argument("--video-workers", type=int, default=None, metavar="N",
                      help="processes that encode the annotated video, each a segment at a time (default: 1, "
-                          "with x264's frame threads on half the cores; mp4v: 1)")
+                          "with x264's frame threads on three quarters of the cores, up to 12; mp4v: 1)")
     out.add_argument("--csv", metavar="FILE", help="one row per face per frame (a frame with no face: one row "
                                                    "with empty values)")
     out.add_argument("--jsonl", metavar="FILE", help="the same rows as JSON lines")

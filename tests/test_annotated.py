@@ -91,19 +91,19 @@ def test_mp4v_takes_the_same_frames(tmp_path):
 
 def test_an_encoder_started_ahead_encodes_the_video_and_the_next_one_waits_for_its_own(tmp_path):
     spare = Spare()
-    first = spare.take()
-    second = spare._proc  # started by take(), for the next video
-    writer = AnnotatedVideoWriter(tmp_path / "a.mp4", 25.0, workers=1, encoder=first)
+    first = spare._proc
+    with pytest.raises(InputError, match=".mp4"):  # a refused name takes no encoder: it waits for the next video
+        AnnotatedVideoWriter(tmp_path / "a.gif", 25.0, spare=spare)
+    assert spare._proc is first and first.poll() is None
+    writer = AnnotatedVideoWriter(tmp_path / "a.mp4", 25.0, workers=1, spare=spare)
     assert writer._procs == [first]
+    second = spare._proc  # started by taking the first, for the next video
+    assert second is not first
     writer.put(range(3), torch.stack([i420(60)] * 3), SIZE)
     assert writer.close() == tmp_path / "a.mp4" and probe(tmp_path / "a.mp4")["frames"] == 3
     assert first.returncode == 0
-    with pytest.raises(InputError, match=".mp4"):  # a refused name ends the encoder it was given
-        AnnotatedVideoWriter(tmp_path / "a.gif", 25.0, encoder=spare.take())
-    assert second.poll() is not None
-    third = spare._proc
     spare.close()  # the one not taken ends too
-    assert third.poll() is not None
+    assert second.poll() is not None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mp4"]
 
 

@@ -70,8 +70,8 @@ def _cpu() -> float:
 class VideoDrawing:
     """One annotated video's planner, canvas, encoders and clocks (in the drawing process, or in this one)."""
 
-    def __init__(self, spec: dict, device, encoder: Optional[subprocess.Popen] = None) -> None:
-        """``encoder``: an encoding process started ahead (:class:`emonet.io.encode_worker.Spare`), used first."""
+    def __init__(self, spec: dict, device, spare: Optional[Spare] = None) -> None:
+        """``spare``: where the video's first encoder is taken from (started ahead), if given."""
         self.planner = Planner(spec["class_names"])
         self.canvas = VideoCanvas(spec["class_names"], spec["banner"], device)
         self.seconds = dict.fromkeys(("plan", "draw", "to encoders", "encoder wait"), 0.0)
@@ -79,7 +79,7 @@ class VideoDrawing:
         self.writer, self.failed = None, None
         try:  # its encoders start now
             self.writer = AnnotatedVideoWriter(spec["path"], spec["fps"], codec=spec["codec"], workers=spec["workers"],
-                                               encoder=encoder)
+                                               spare=spare)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which turns it into one line
             self.failed = f"{exc}"
 
@@ -326,7 +326,7 @@ class LocalDrawing:
         self._count += 1
         self._videos[self._count] = VideoDrawing({"path": str(path), "fps": fps, "class_names": list(class_names),
                                                   "banner": banner, "codec": codec, "workers": workers}, self.device,
-                                                 self._spare.take())
+                                                 self._spare)
         return self._count
 
     def put(self, video: int, images: Sequence[torch.Tensor], indices: Sequence[int], faces: Sequence,

@@ -81,7 +81,7 @@ def main(device_name: str) -> int:
         kind = message[0]
         if kind == "open":
             _, number, spec = message
-            video = videos[number] = VideoDrawing(spec, device, spare.take())
+            video = videos[number] = VideoDrawing(spec, device, spare)
             if video.failed is not None:
                 send(out, ("error", number, video.failed))
         elif kind == "ring":

@@ -48,13 +48,8 @@ class AnnotatedVideoWriter:
 
     def __init__(self, path: Union[str, Path], fps: float, codec: str = "h264", workers: Optional[int] = None,
                  segment_frames: Optional[int] = None, encoder_threads: Optional[int] = None,
-                 encoder: Optional[subprocess.Popen] = None) -> None:
-        try:
-            check_video_name(path, codec)
-        except InputError:
-            if encoder is not None:
-                encode_worker.stop(encoder)
-            raise
+                 spare: Optional[encode_worker.Spare] = None) -> None:
+        check_video_name(path, codec)
         self.path = Path(path)
         self.fps = fps
         self.codec = codec
@@ -84,10 +79,10 @@ class AnnotatedVideoWriter:
         self._registered: Optional[int] = None
         self._handoff: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._sender: Optional[threading.Thread] = None
-        # The encoder processes start now (``encoder``, one started ahead, :class:`encode_worker.Spare`, is
-        # used first): their start-up runs while the first frames are analysed.
+        # The encoder processes start now (the first taken from ``spare``, started ahead, if given): their
+        # start-up runs while the first frames are analysed.
         for k in range(self.workers):
-            proc = encoder if k == 0 and encoder is not None else encode_worker.start()
+            proc = spare.take() if k == 0 and spare is not None else encode_worker.start()
             self._procs.append(proc)
             reader = threading.Thread(target=self._listen, args=(proc,), name=f"emonet-encode-{k}", daemon=True)
             reader.start()

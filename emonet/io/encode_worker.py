@@ -20,7 +20,7 @@ at the end), ``E message`` (a failure; later frames are then only released).
 It ignores Ctrl-C: the parent, which sees it too, ends the run by sending ``end``, so every frame handed
 over is kept.
 
-:func:`start` starts one; :class:`Spare` keeps one started ahead of the video that will need it.
+:func:`start` starts one; :class:`Spare` keeps one started ahead of the video that will take it.
 """
 from __future__ import annotations
 
@@ -59,18 +59,13 @@ class Spare:
         return proc
 
     def close(self) -> None:
-        """End the process not taken."""
+        """End the process not taken, at once (it may be still starting: nothing of it is kept)."""
         if self._proc is not None:
-            stop(self._proc)
+            self._proc.kill()
+            self._proc.wait()
+            self._proc.stdin.close()
+            self._proc.stdout.close()
             self._proc = None
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """End an encoding process given no video, at once (it may be still starting: nothing of it is kept)."""
-    proc.kill()
-    proc.wait()
-    proc.stdin.close()
-    proc.stdout.close()
 
 
 def main() -> int:

@@ -361,3 +361,37 @@ def test_detected_rows_are_the_same_at_every_batch_size(clip, tmp_path):
         x, centre = 10 + 3 * int(r["frame"]), (float(r["x1"]) + float(r["x2"])) / 2
         assert x < centre < x + 256 and 20 < float(r["x2"]) - float(r["x1"]) < 150, r
     assert [r["frame"] for r in rows[1]] == [r["frame"] for r in rows[8]]
+
+
+def test_decoder_nvdec_without_pynvvideocodec_is_one_clear_line(clip, tmp_path):
+    from emonet.io import nvdec
+    if nvdec.available():
+        pytest.skip("PyNvVideoCodec is installed here")
+    out = demo_video("--video", clip, "--weights", "random", "--decoder", "nvdec", "--csv", tmp_path / "f.csv")
+    assert out.returncode == 2 and "--decoder nvdec needs NVIDIA's PyNvVideoCodec" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "f.csv").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (and PyNvVideoCodec)")
+def test_an_annotated_video_is_decoded_on_nvdec_with_the_cpus_rows(tmp_path):
+    from emonet.io import nvdec
+    from tests.test_nvdec import h264_clip
+    if not nvdec.available():
+        pytest.skip("needs PyNvVideoCodec")
+    clip = h264_clip(tmp_path / "c.mp4", 40)
+    rows, errs = {}, {}
+    for decoder in ("auto", "cpu"):
+        out = demo_video("--video", clip, "--weights", "random", "--decoder", decoder, "--output",
+                         tmp_path / f"{decoder}.mp4", "--csv", tmp_path / f"{decoder}.csv", "--engine", "eager")
+        assert out.returncode == 0, out.stderr
+        assert probe(tmp_path / f"{decoder}.mp4")["frames"] == 40
+        rows[decoder] = list(csv.DictReader((tmp_path / f"{decoder}.csv").open()))
+        errs[decoder] = out.stderr
+    assert "decode is NVDEC's, on the GPU" in errs["auto"] and "decode runs in a process of its own" in errs["cpu"]
+    # the same pixels: the same faces in the same places (two processes' GPU kernels may round differently)
+    exact, box = ("frame", "face_id", "detected"), ("x1", "y1", "x2", "y2")
+    assert [[r[k] for k in exact] for r in rows["auto"]] == [[r[k] for k in exact] for r in rows["cpu"]]
+    with_face = [(a, c) for a, c in zip(rows["auto"], rows["cpu"]) if a["face_id"] != ""]
+    assert len(with_face) == 40
+    np.testing.assert_allclose([[float(a[k]) for k in box] for a, _ in with_face],
+                               [[float(c[k]) for k in box] for _, c in with_face], atol=0.5)

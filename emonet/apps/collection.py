@@ -193,6 +193,9 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     # One decoding process takes the videos one after the other, the next one's first frames decoded and
     # uploaded while this one's last are analysed (it starts now, while the model loads); each video's
     # plot is drawn by a process of its own.
+    if args.decoder == "nvdec" and dist.rank == 0:
+        print("note: a collection's videos are decoded on the CPU, one after the other (--decoder nvdec: single "
+              "videos)", file=err)
     readers = VideoSequence(mine, start=args.start, end=args.end, max_frames=args.max_frames,
                             device=select_device(args.device, quiet=True), keep_host=False)
     plots = PlotProcess()

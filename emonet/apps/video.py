@@ -30,6 +30,7 @@ from tqdm import tqdm
 from ..drawing import PALETTE
 from ..drawing.marks import TRAIL
 from ..drawing.process import DrawingProcess, DrawnVideo, LocalDrawing
+from ..io import nvdec
 from ..io.atomic import AtomicFile
 from ..io.images import InputError, check_writable_dir
 from ..io.video import Frame, VideoReader
@@ -346,12 +347,18 @@ def _cpu_seconds() -> tuple[float, float]:
 
 
 def open_reader(args: argparse.Namespace, source: str) -> VideoReader:
-    """The video's reader as the arguments ask (decoding starts at once, in a process of its own).
+    """The video's reader as the arguments ask (decoding starts at once, in a process of its own, or on NVDEC).
 
-    With a GPU the frames are kept there only: detection, crops and drawing all read them there.
+    With a GPU the frames are kept there only: detection, crops and drawing all read them there. NVDEC
+    decodes where ``--decoder`` asks for it (``auto``: while an annotated video is written, x264 then has
+    the cores PyAV's decoding would take).
     """
-    return VideoReader(source, start=args.start, end=args.end, max_frames=args.max_frames,
-                       device=select_device(args.device, quiet=True), keep_host=False)
+    use_nvdec = args.decoder == "nvdec" or (args.decoder == "auto" and bool(args.output) and nvdec.available())
+    reader = VideoReader(source, start=args.start, end=args.end, max_frames=args.max_frames,
+                         device=select_device(args.device, quiet=True), keep_host=False, use_nvdec=use_nvdec)
+    if args.decoder == "nvdec" and reader.nvdec_refused:
+        print(f"note: {source} is decoded on the CPU, not by NVDEC: {reader.nvdec_refused}", file=sys.stderr)
+    return reader
 
 
 class _Running:
@@ -544,7 +551,8 @@ def _summary(job: VideoJob, reader: VideoReader, run: VideoRun) -> None:
     if drawn is not None:
         others = (f"{'; plan, draw, to encoders and encoder wait in the drawing process' if drawn.apart else ''}; "
                   f"encode in {drawn.workers} encoding process{'es' if drawn.workers > 1 else ''} (their time adds up)")
-    print(f"time per frame by stage (ms; decode runs in a process of its own{others}; the rest in this one, "
+    where = "is NVDEC's, on the GPU" if reader.nvdec else "runs in a process of its own"
+    print(f"time per frame by stage (ms; decode {where}{others}; the rest in this one, "
           f"EmoNet with tracking and crops): {per}", file=err)
     cores = sum(run.cpu.values()) / max(wall, 1e-9)
     print("CPU-seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in run.cpu.items() if v > 0)
@@ -611,6 +619,12 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     run_group.add_argument("--detect-every", type=int, default=5,
                            help="run the face detector every N frames, and whenever a face is lost; in between, "
                                 "crop from the last landmarks (default: 5)")
+    run_group.add_argument("--decoder", choices=("auto", "cpu", "nvdec"), default="auto",
+                           help="where a video file is decoded: auto (default) decodes on the GPU's NVDEC while "
+                                "an annotated video is written, if NVIDIA's PyNvVideoCodec is installed (x264 then "
+                                "has the cores), else with FFmpeg on the CPU; cpu: always FFmpeg; nvdec: NVDEC "
+                                "for analysis alone too (files NVDEC cannot decode, collections and --start: "
+                                "the CPU)")
     run_group.add_argument("--max-faces", type=int, default=None, help="at most this many faces per frame")
     run_group.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=True,
                            help="temporal smoothing per face, a weighted mean of the last 5 outputs (default: on)")
@@ -621,6 +635,8 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
         parser.error("--batch-size, --detect-every, --max-frames and --video-workers must be at least 1")
     if args.start < 0 or (args.end is not None and args.end <= args.start):
         parser.error("--start must be >= 0 and --end after --start")
+    if args.decoder == "nvdec" and not nvdec.available():
+        parser.error("--decoder nvdec needs NVIDIA's PyNvVideoCodec (pip install PyNvVideoCodec) and an NVIDIA GPU")
     if args.no_video and args.output:
         parser.error("--no-video and --output ask for opposite things: drop one")
     if args.out_dir is not None:

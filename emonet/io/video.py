@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
@@ -21,7 +22,7 @@ import cv2
 import numpy as np
 import torch
 
-from . import ipc
+from . import ipc, nvdec
 from .images import InputError
 
 # Frames of a file are converted to RGB on the GPU this many at a time: the conversion is a fixed number
@@ -32,11 +33,12 @@ CONVERT_FRAMES = 8
 _MATRICES = {"601": (0.299, 0.114), "709": (0.2126, 0.0722)}
 
 
-def i420_to_rgb(yuv: torch.Tensor, matrix: str = "601", full_range: bool = False) -> torch.Tensor:
+def i420_to_rgb(yuv: torch.Tensor, matrix: str = "601", full_range: bool = False, nv12: bool = False) -> torch.Tensor:
     """``(..., H * 3 // 2, W)`` uint8 yuv420p planes (one after the other) -> ``(..., H, W, 3)`` uint8 RGB.
 
     Chroma is repeated over each 2x2 block, as OpenCV's ``COLOR_YUV2RGB_I420`` does; ``matrix`` is
-    ``"601"`` or ``"709"``, ``full_range`` for JPEG-style (yuvj420p) levels. On any device.
+    ``"601"`` or ``"709"``, ``full_range`` for JPEG-style (yuvj420p) levels; ``nv12``: the two chroma
+    planes interleaved (Cb, Cr, Cb, ...), as NVDEC gives them. On any device.
     """
     kr, kb = _MATRICES[matrix]
     kg = 1.0 - kr - kb
@@ -44,7 +46,10 @@ def i420_to_rgb(yuv: torch.Tensor, matrix: str = "601", full_range: bool = False
     h, w = yuv.shape[-2] * 2 // 3, yuv.shape[-1]
     flat = yuv.reshape(*lead, -1)
     luma = flat[..., :h * w].reshape(*lead, h, w, 1).float()
-    chroma = torch.stack([flat[..., h * w:h * w * 5 // 4], flat[..., h * w * 5 // 4:h * w * 3 // 2]], -1)
+    if nv12:
+        chroma = flat[..., h * w:h * w * 3 // 2]
+    else:
+        chroma = torch.stack([flat[..., h * w:h * w * 5 // 4], flat[..., h * w * 5 // 4:h * w * 3 // 2]], -1)
     chroma = chroma.reshape(*lead, h // 2, w // 2, 2).float() - 128.0
     y_scale, c_scale, y0 = (1.0, 1.0, 0.0) if full_range else (255.0 / 219.0, 255.0 / 224.0, 16.0)
     # (Cb, Cr) -> (R, G, B) offsets from luma
@@ -253,12 +258,15 @@ class VideoReader:
     A thread of this process takes each decoded frame and, with a GPU, uploads it (as RGB) on a stream
     of its own. ``keep_host=False`` keeps only that GPU copy (``Frame.image`` then copies it back on
     demand): a run that never draws saves a host copy per frame.
+
+    ``use_nvdec``: a file NVDEC decodes (:mod:`.nvdec`) is decoded there, on a GPU, from its first frame,
+    its frames kept on the GPU only; the others as usual, :attr:`nvdec_refused` saying why.
     """
 
     def __init__(self, source: Union[str, int], start: float = 0.0, end: Optional[float] = None,
                  max_frames: Optional[int] = None, queue_size: int = 32,
                  device: Optional[torch.device] = None, keep_host: bool = True,
-                 decoder: Optional[_Decoder] = None) -> None:
+                 decoder: Optional[_Decoder] = None, use_nvdec: bool = False) -> None:
         self.source = source
         self.device = device if device is not None and torch.device(device).type == "cuda" else None
         self.keep_host = keep_host or self.device is None
@@ -274,29 +282,45 @@ class VideoReader:
         if problem and not self._shared:
             raise InputError(problem)
         source = int(source) if camera else str(source)
-        if decoder is None:
-            decoder = _Decoder([{"source": source, "start": start, "end": end, "max_frames": max_frames}],
-                               pin=self.device is not None)
+        self._nvdec: Optional[nvdec.NvdecVideo] = None
+        self.nvdec_refused: Optional[str] = None
+        if use_nvdec:
+            self.nvdec_refused = ("a camera or numbered images" if camera or sequence else "--start" if start > 0
+                                  else "several videos share one decoder" if self._shared else problem)
+            if self.nvdec_refused is None:
+                try:
+                    self._nvdec = nvdec.NvdecVideo(source, self.device or torch.device("cpu"))
+                except nvdec.Unsupported as exc:
+                    self.nvdec_refused = str(exc)
+        header: Union[_Decoder, nvdec.NvdecVideo]
+        if self._nvdec is not None:
+            header = self._nvdec
+            self.keep_host = False  # the frames are on the GPU; Frame.image copies one back when asked
+        else:
+            if decoder is None:
+                decoder = _Decoder([{"source": source, "start": start, "end": end, "max_frames": max_frames}],
+                                   pin=self.device is not None)
+            try:
+                decoder.next_video(source)
+            except InputError as exc:
+                if not self._shared:
+                    decoder.close()
+                raise InputError(problem) if problem else exc
+            if problem:  # the decoder opened what is not there any more: read past it
+                decoder.skip()
+                raise InputError(problem)
+            header = decoder
         self._decoder = decoder
-        try:
-            decoder.next_video(source)
-        except InputError as exc:
-            if not self._shared:
-                decoder.close()
-            raise InputError(problem) if problem else exc
-        if problem:  # the decoder opened what is not there any more: read past it
-            decoder.skip()
-            raise InputError(problem)
-        self.fps = decoder.fps
+        self.fps = header.fps
         if not (0 < self.fps < 1000):
             self.fps = 30.0  # cameras and some files report nothing usable
-        self.frame_count = decoder.frame_count
-        self._layout = decoder.layout
+        self.frame_count = header.frame_count
+        self._layout = header.layout
         # (H, W, 3) of the first frame (zeros for a video without frames); updated if frames change size.
-        self.frame_shape = decoder.shape
+        self.frame_shape = header.shape
         self.start, self.end, self.max_frames = start, end, max_frames
         self.first_index = int(round(start * self.fps)) if start > 0 else 0
-        if self.frame_count and self.first_index >= self.frame_count:
+        if self.frame_count and self.first_index >= self.frame_count:  # (never NVDEC's: it starts at 0)
             decoder.skip() if self._shared else decoder.close()
             raise InputError(f"{source}: --start {start:g} s is past the end of the video "
                              f"({self.frame_count / self.fps:.2f} s, {self.frame_count} frames)")
@@ -308,6 +332,11 @@ class VideoReader:
         # Started on the first iteration, not here: the child decodes only a few frames ahead until then.
         # A shared decoder's thread (the VideoSequence's) takes its place.
         self._thread = threading.Thread(target=self._run, name="emonet-frames", daemon=True)
+
+    @property
+    def nvdec(self) -> bool:
+        """True when NVDEC decodes the frames (on the GPU)."""
+        return self._nvdec is not None
 
     @property
     def expected_frames(self) -> Optional[int]:
@@ -327,6 +356,8 @@ class VideoReader:
                 continue
 
     def _run(self) -> None:
+        if self._nvdec is not None:
+            return self._run_nvdec()
         index = self.first_index
         colour = colours(self._layout)  # None: BGR frames
         stream = torch.cuda.Stream(self.device) if self.device is not None else None
@@ -393,6 +424,38 @@ class VideoReader:
                 self._decoder.skip()  # stopped early: the next video's header comes after this one's frames
             self._done.set()
 
+    def _run_nvdec(self) -> None:
+        stream = self._nvdec.stream
+        torch.cuda.set_stream(stream)  # NVDEC's copies are queued on it: read the frames there
+        colour = colours(self._layout)
+        index = 0
+        try:
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                planes = self._nvdec.next_batch()
+                self.decode_seconds += time.perf_counter() - t0
+                # Where the run ends: --max-frames, or --end by the frames' times (as the CPU path's decoder).
+                planes = [p for k, p in enumerate(planes)
+                          if (self.max_frames is None or index + k < self.max_frames)
+                          and (self.end is None or (index + k) / self.fps <= self.end)]
+                if not planes:
+                    break
+                while planes:  # frames of one size at a time (a video may change size)
+                    same = next((k for k, p in enumerate(planes) if p.shape != planes[0].shape), len(planes))
+                    rgb = i420_to_rgb(torch.stack(planes[:same]), *colour, nv12=True)
+                    ready = torch.cuda.Event()
+                    ready.record(stream)
+                    self.frame_shape = tuple(rgb.shape[1:])
+                    for k in range(same):
+                        self._put(Frame(index, index / self.fps, host=None, pixels=rgb[k], ready=ready))
+                        index += 1
+                    planes = planes[same:]
+        except BaseException as exc:  # reported to the consumer, never lost in the thread
+            self._error = exc
+        finally:
+            self._put_end()
+            self._done.set()
+
     def _put_end(self) -> None:
         while True:
             try:
@@ -420,7 +483,7 @@ class VideoReader:
     def close(self) -> None:
         """Stop decoding and release the file or camera (a shared decoder goes on with the next video)."""
         self._stop.set()
-        if not self._shared and self._decoder.process.poll() is None:
+        if not self._shared and self._decoder is not None and self._decoder.process.poll() is None:
             self._decoder.process.kill()  # also ends a wait of the thread for the next frame
         while self._thread.is_alive() and not self._done.is_set():
             try:
@@ -429,7 +492,10 @@ class VideoReader:
                 self._done.wait(timeout=0.1)
         if not self._shared:
             self._thread.join() if self._thread.is_alive() else None
-            self._decoder.close()
+            if self._decoder is not None:
+                self._decoder.close()
+        if self._nvdec is not None:
+            self._nvdec.close()
 
 
 class VideoSequence:

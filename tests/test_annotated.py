@@ -1,6 +1,7 @@
 """The annotated video's encoder processes: I420 frames in slots, segments joined into one playable file."""
 import subprocess
 import sys
+from pathlib import Path
 
 import av
 import cv2
@@ -72,6 +73,30 @@ def test_no_frame_leaves_no_file_and_bad_names_and_sizes_are_refused(tmp_path):
     with pytest.raises(ValueError, match="video's"):
         writer.put([1], i420(50)[None], (SIZE[0] + 2, SIZE[1]))
     assert writer.close() == tmp_path / "a.mp4" and probe(tmp_path / "a.mp4")["frames"] == 1
+
+
+def shm_rings() -> set:
+    return set(Path("/dev/shm").glob("emonet-encode-*")) if Path("/dev/shm").is_dir() else set()
+
+
+def test_a_ring_made_ahead_takes_the_frames_of_its_size_or_gives_way_to_theirs(tmp_path):
+    before = shm_rings()
+    for name, ahead in (("same.mp4", SIZE), ("other.mp4", (SIZE[0] + 2, SIZE[1] + 2))):
+        writer = AnnotatedVideoWriter(tmp_path / name, 25.0, workers=1)
+        writer.prepare(ahead, "cpu")
+        writer.put(range(4), torch.stack([i420(40 + 30 * i) for i in range(4)]), SIZE)
+        writer.put(range(4, 6), torch.stack([i420(160), i420(190)]), SIZE)
+        assert writer.close() == tmp_path / name
+        info = probe(tmp_path / name)
+        assert (info["frames"], info["width"], info["height"]) == (6, *SIZE)
+        with av.open(str(tmp_path / name)) as container:
+            means = [int(f.to_ndarray(format="rgb24").mean()) for f in container.decode(video=0)]
+        assert all(abs(m - (40 + 30 * i)) <= 3 for i, m in enumerate(means))
+    writer = AnnotatedVideoWriter(tmp_path / "none.mp4", 25.0, workers=1)
+    writer.prepare(SIZE, "cpu")
+    (encoder,) = writer._procs
+    assert writer.close() is None and encoder.poll() is not None  # made ahead, no frame: nothing kept or left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.mp4", "same.mp4"] and shm_rings() == before
 
 
 def test_mp4v_takes_the_same_frames(tmp_path):

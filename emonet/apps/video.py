@@ -168,8 +168,9 @@ class VideoJob:
         self.draw_frames = max(args.batch_size, DRAW_FRAMES if self.engine.device.type == "cuda" else 1)
         if self.drawing is not None:
             banner = f"EmoNet: {UNTRAINED_LABEL}" if self.engine.untrained else None
+            height, width = reader.frame_shape[:2]  # (the first frame's: the encoders' ring is made for it now)
             self.video_number = self.drawing.open(outputs.video, reader.fps, self.names, banner, codec=args.codec,
-                                                  workers=args.video_workers)
+                                                  workers=args.video_workers, frame=(height, width) if height else None)
         self.seconds = dict.fromkeys(STAGES, 0.0)
         self.timer = LatencyTimer(self.engine.device)
         self.frames = self.faces = 0

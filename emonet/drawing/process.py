@@ -28,7 +28,7 @@ from ..io.annotated import AnnotatedVideoWriter
 from ..io.encode_worker import WORKER_ENV, Spare
 from ..io.images import InputError
 from .canvas import VideoCanvas
-from .marks import Planner
+from .marks import Planner, coded_size
 
 SLOTS = 3  # chunks in the GPU frame ring: one being drawn, one waiting, one being copied in
 RING_BYTES = 1 << 30  # the GPU frame ring's size, at most (a chunk's slot holds fewer frames of large videos)
@@ -77,9 +77,11 @@ class VideoDrawing:
         self.seconds = dict.fromkeys(("plan", "draw", "to encoders", "encoder wait"), 0.0)
         self.cpu0 = _cpu()
         self.writer, self.failed = None, None
-        try:  # its encoders start now
+        try:  # its encoders start now, and its ring where the frames' size is known
             self.writer = AnnotatedVideoWriter(spec["path"], spec["fps"], codec=spec["codec"], workers=spec["workers"],
                                                spare=spare)
+            if spec.get("frame"):
+                self.writer.prepare(coded_size(*spec["frame"]), device)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which turns it into one line
             self.failed = f"{exc}"
 
@@ -223,11 +225,12 @@ class DrawingProcess:
             raise _failure(error)
 
     def open(self, path: Union[str, Path], fps: float, class_names: Sequence[str], banner: Optional[str] = None,
-             codec: str = "h264", workers: Optional[int] = None) -> int:
-        """Start a video at ``path`` (its encoders start now); its number, for :meth:`put` and :meth:`finish`."""
+             codec: str = "h264", workers: Optional[int] = None, frame: Optional[tuple[int, int]] = None) -> int:
+        """Start a video at ``path`` (its encoders start now; with ``frame``, the ``(H, W)`` of its frames, their
+        ring too); its number, for :meth:`put` and :meth:`finish`."""
         self._videos += 1
         self._send(("open", self._videos, {"path": str(path), "fps": fps, "class_names": list(class_names),
-                                           "banner": banner, "codec": codec, "workers": workers}))
+                                           "banner": banner, "codec": codec, "workers": workers, "frame": frame}))
         return self._videos
 
     def put(self, video: int, images: Sequence[torch.Tensor], indices: Sequence[int], faces: Sequence,
@@ -321,12 +324,12 @@ class LocalDrawing:
         self._spare = Spare()  # the encoder of the first video, then of each next one
 
     def open(self, path: Union[str, Path], fps: float, class_names: Sequence[str], banner: Optional[str] = None,
-             codec: str = "h264", workers: Optional[int] = None) -> int:
+             codec: str = "h264", workers: Optional[int] = None, frame: Optional[tuple[int, int]] = None) -> int:
         """As :meth:`DrawingProcess.open`."""
         self._count += 1
         self._videos[self._count] = VideoDrawing({"path": str(path), "fps": fps, "class_names": list(class_names),
-                                                  "banner": banner, "codec": codec, "workers": workers}, self.device,
-                                                 self._spare)
+                                                  "banner": banner, "codec": codec, "workers": workers,
+                                                  "frame": frame}, self.device, self._spare)
         return self._count
 
     def put(self, video: int, images: Sequence[torch.Tensor], indices: Sequence[int], faces: Sequence,

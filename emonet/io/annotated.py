@@ -74,11 +74,13 @@ class AnnotatedVideoWriter:
         self._size: Optional[tuple[int, int]] = None
         self._parts: Optional[Path] = None
         self._slot_file: Optional[Path] = None
-        self._mapped = 0  # encoder processes that have mapped the slot file
+        self._unmapped: dict[str, int] = {}  # slot file -> encoder processes yet to map it (then it is unlinked)
         self._ring: Optional[torch.Tensor] = None  # (slots, slot bytes) over the shared file
         self._registered: Optional[int] = None
         self._handoff: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._sender: Optional[threading.Thread] = None
+        self._preparing: Optional[threading.Thread] = None  # the ring made ahead (see prepare)
+        self._prepare_error: Optional[BaseException] = None
         # The encoder processes start now (the first taken from ``spare``, started ahead, if given): their
         # start-up runs while the first frames are analysed.
         for k in range(self.workers):
@@ -88,7 +90,31 @@ class AnnotatedVideoWriter:
             reader.start()
             self._readers.append(reader)
 
-    # -- start, on the first frames (their size sizes the slots) ------------------------------------
+    # -- start, on the first frames (their size sizes the slots), or ahead of them --------------------
+    def prepare(self, size: tuple[int, int], device: Union[str, torch.device]) -> None:
+        """Make the ring for frames of ``size`` (width, height) now, in a thread, before the first frames:
+        page-locking it takes tens of milliseconds, which the first frames would otherwise wait for."""
+        if self._size is None and self._preparing is None:
+            self._preparing = threading.Thread(target=self._prepare, args=(tuple(size), torch.device(device)),
+                                               name="emonet-encode-ring", daemon=True)
+            self._preparing.start()
+
+    def _prepare(self, size: tuple[int, int], device: torch.device) -> None:
+        try:
+            if device.type == "cuda":
+                torch.cuda.set_device(device)  # (per thread) the ring is page-locked for this device's copies
+            self._start(size, device)
+        except BaseException as exc:  # raised by the first put, where the caller is
+            self._prepare_error = exc
+
+    def _prepared(self) -> None:
+        """Wait for :meth:`prepare`'s thread, if any; raise what it raised."""
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
+            if self._prepare_error is not None:
+                raise self._prepare_error
+
     def _start(self, size: tuple[int, int], device: torch.device) -> None:
         self._size = size
         slot_bytes = size[0] * size[1] * 3 // 2
@@ -104,6 +130,8 @@ class AnnotatedVideoWriter:
                       tempfile.gettempdir())
         fd, name = tempfile.mkstemp(prefix="emonet-encode-", dir=folder)
         self._slot_file = Path(name)
+        with self._lock:
+            self._unmapped[name] = self.workers
         os.ftruncate(fd, slots * slot_bytes)
         self._memory = mmap.mmap(fd, 0)
         os.close(fd)
@@ -112,7 +140,7 @@ class AnnotatedVideoWriter:
             self._registered = ipc.pin(whole)
         self._ring = torch.from_numpy(whole).view(slots, slot_bytes)
         self._busy = [False] * slots
-        if self.workers > 1:
+        if self.workers > 1 and self._parts is None:
             self._parts = Path(tempfile.mkdtemp(prefix=f".{self.path.stem}.{os.getpid()}.parts", dir=self.path.parent))
         spec = {"slots_path": name, "slots": slots, "slot_bytes": slot_bytes, "size": size, "fps": self.fps,
                 "codec": self.codec, "threads": self.encoder_threads or default_threads(self.workers)}
@@ -120,6 +148,23 @@ class AnnotatedVideoWriter:
             self._send(k, ("open", spec))
         self._sender = threading.Thread(target=self._hand_over, name="emonet-encode-send", daemon=True)
         self._sender.start()
+
+    def _free_ring(self, keep_slots: bool = False) -> None:
+        """Stop handing over, then (unless ``keep_slots``: the encoders still read them) free the slots."""
+        if self._sender is not None:
+            self._handoff.put(None)
+            self._sender.join()
+            self._sender = None
+        if self._slot_file is not None and not keep_slots:  # (its name goes once every encoder has mapped it)
+            self._ring = None
+            ipc.unpin(self._registered)
+            self._registered = None
+            try:
+                self._memory.close()
+            except BufferError:
+                pass
+            self._slot_file = None
+            self._size = None
 
     def _send(self, k: int, message: tuple) -> None:
         try:
@@ -148,10 +193,11 @@ class AnnotatedVideoWriter:
                     self._released.notify_all()
             elif kind == "O":
                 with self._lock:
-                    self._mapped += 1
-                    if self._mapped == self.workers and self._slot_file is not None:
+                    self._unmapped[rest] -= 1
+                    if not self._unmapped[rest]:
                         # Every process holds it mapped: nothing is left behind, however they end.
-                        self._slot_file.unlink(missing_ok=True)
+                        del self._unmapped[rest]
+                        Path(rest).unlink(missing_ok=True)
             elif kind == "S":
                 frames, path = rest.split(" ", 1)
                 with self._lock:
@@ -199,6 +245,9 @@ class AnnotatedVideoWriter:
     def put(self, indices: Sequence[int], frames: torch.Tensor, size: tuple[int, int]) -> None:
         """Hand over I420 ``frames`` of ``size`` = (width, height); blocks while the slots wait for the encoders."""
         self._check()
+        self._prepared()
+        if self._size is not None and tuple(size) != self._size and self.frames == 0:
+            self._free_ring()  # made ahead for another size than the frames have
         if self._size is None:
             self._start(size, frames.device)
         if tuple(size) != self._size:
@@ -234,10 +283,11 @@ class AnnotatedVideoWriter:
         """Let the encoders finish every frame handed over, join their segments, and move the video into
         place; returns its path (None when no frame was written). Raises :class:`InputError` on a failure,
         after keeping what could be kept."""
-        if self._sender is not None:
-            self._handoff.put(None)
-            self._sender.join()
-            self._sender = None
+        try:
+            self._prepared()
+        except BaseException as exc:  # noqa: BLE001 - no frame came: the failure is reported as the encoders'
+            self._fail(f"{exc}")
+        self._free_ring(keep_slots=True)
         for k in range(len(self._procs)):
             self._send(k, ("end",))
         for proc, reader in zip(self._procs, self._readers):
@@ -247,16 +297,10 @@ class AnnotatedVideoWriter:
                 pass
             reader.join()
         self._procs, self._readers = [], []
-        if self._slot_file is not None:
-            self._slot_file.unlink(missing_ok=True)
-            self._ring = None
-            ipc.unpin(self._registered)
-            self._registered = None
-            try:
-                self._memory.close()
-            except BufferError:
-                pass
-            self._slot_file = None
+        self._free_ring()
+        for name in self._unmapped:  # an encoder that ended before mapping it
+            Path(name).unlink(missing_ok=True)
+        self._unmapped.clear()
         result = None
         try:
             if self.frames and self.workers == 1:

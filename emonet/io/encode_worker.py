@@ -13,7 +13,7 @@ process's own creator: nothing else writes there):
   (a new path finishes the previous one: the parent's segments);
 - ``("end",)``: finish the open file and exit.
 
-The child answers one text line each on stdout: ``O`` (the slot file is mapped), ``R slot`` (the slot may be
+The child answers one text line each on stdout: ``O path`` (the slot file is mapped), ``R slot`` (the slot may be
 reused: each frame is given back once copied for the encoder), ``S frames path`` (a file is finished),
 ``T encode user system`` (seconds spent encoding, and the process's CPU seconds, x264's threads included,
 at the end), ``E message`` (a failure; later frames are then only released).
@@ -110,7 +110,7 @@ def main() -> int:
             whole = np.frombuffer(memory, np.uint8)
             w, h = spec["size"]
             slots = [whole[i * spec["slot_bytes"]:][: w * h * 3 // 2] for i in range(spec["slots"])]
-            say("O")  # mapped: the parent may remove the file's name
+            say(f"O {spec['slots_path']}")  # mapped: the parent may remove the file's name
         elif kind == "frames":
             _, path, frames = message
             for slot, index in frames:

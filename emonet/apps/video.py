@@ -276,6 +276,11 @@ class _Drawers:
         if self.process is None and self.chosen is None:
             self.process = DrawingProcess(select_device(self.args.device, quiet=True))
 
+    def warm(self, frame: tuple[int, int]) -> None:
+        """Have the drawing process draw a frame of ``frame`` = (H, W) once, while the model loads."""
+        if self.process is not None:
+            self.process.warm(frame)
+
     def choose(self, frames: Optional[int]) -> "DrawingProcess | LocalDrawing":
         """The drawing for a video of ``frames`` (None: unknown, a camera's), once the model is loaded."""
         if self.chosen is None:
@@ -443,6 +448,8 @@ def analyse_many(args: argparse.Namespace, tasks: Iterable[VideoTask], get_pipel
             if task.outputs.video:  # the drawing process starts up while the video opens and the model loads
                 drawers.start()
             reader = task.reader if task.reader is not None else open_reader(args, task.source)
+            if task.outputs.video and reader.frame_shape[0]:
+                drawers.warm(reader.frame_shape[:2])
             if reader.device is not None:
                 torch.set_num_threads(min(4, threads))
             try:

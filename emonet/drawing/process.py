@@ -233,6 +233,11 @@ class DrawingProcess:
                                            "banner": banner, "codec": codec, "workers": workers, "frame": frame}))
         return self._videos
 
+    def warm(self, frame: tuple[int, int]) -> None:
+        """Draw a throwaway frame of ``frame`` = (H, W) now (the sprites and kernels of its size), while the
+        model loads, not on the first chunk of a video of that size."""
+        self._send(("warm", tuple(frame)))
+
     def put(self, video: int, images: Sequence[torch.Tensor], indices: Sequence[int], faces: Sequence,
             colors: Sequence) -> None:
         """Draw these frames of ``video`` (``(H, W, 3)`` uint8 RGB tensors on the device, in order) with their

@@ -10,7 +10,9 @@ Protocol: :mod:`emonet.io.ipc` messages both ways, the parent's pickled by torch
 pickler (a CUDA tensor crosses as a CUDA IPC handle: the frames stay on the GPU). Parent to child:
 
 - ``("open", video, spec)``: a new video, numbered ``video`` (``path``, ``fps``, ``class_names``, ``banner``,
-  ``codec``, ``workers``); the next one may open before the last one is closed (its final frames come later);
+  ``codec``, ``workers``, and ``frame``, the ``(H, W)`` of its first frame if known: its encoders' ring is
+  made at once); the next one may open before the last one is closed (its final frames come later);
+- ``("warm", (H, W))``: draw a throwaway frame of that size (the parent's model is loading meanwhile);
 - ``("ring", frames, events)``: on a GPU, the parent's ``(slots, capacity, H, W, 3)`` uint8 frame ring and
   one interprocess event per slot, recorded once a slot's frames are copied in;
 - ``("chunk", video, slot, frames, indices, faces, colors)``: frames to draw, those of ``slot`` of the ring
@@ -30,9 +32,10 @@ import sys
 from pathlib import Path
 
 
-def _warm_up(device) -> None:
-    """Plan, draw and convert two small frames: a process's first use of each GPU kernel loads it (and
-    OpenCV's first text its font), which the first video's first chunks would otherwise wait for."""
+def _warm_up(device, shape=(240, 320)) -> None:
+    """Plan, draw and convert two frames of ``shape`` (a throwaway canvas): a process's first use of each GPU
+    kernel loads it (and OpenCV's first text its font), and the sprites of a frame size (the panel's disc,
+    a face's, "no face") are made once; the first video's first chunks would otherwise wait for them."""
     import numpy as np
     import torch
 
@@ -40,11 +43,13 @@ def _warm_up(device) -> None:
     from emonet.drawing.canvas import VideoCanvas
     from emonet.results import FaceResult
 
-    scale = 256 / 100  # the 256 x 256 crop of the face's 100 x 100 box
-    face = FaceResult(0, 0, np.array([40.0, 40.0, 140.0, 140.0]), 0.9, True, 1, np.full(8, 1 / 8), 0.5, -0.5,
-                      np.full((68, 2), 90.0), np.array([[scale, 0.0, -40 * scale], [0.0, scale, -40 * scale]]))
+    h, w = shape
+    side = max(16, h // 3)  # a face a third of the frame high, the crop of its box 256 x 256
+    x0, y0, scale = (w - side) / 2, (h - side) / 2, 256 / side
+    face = FaceResult(0, 0, np.array([x0, y0, x0 + side, y0 + side]), 0.9, True, 1, np.full(8, 1 / 8), 0.5, -0.5,
+                      np.full((68, 2), h / 2), np.array([[scale, 0.0, -x0 * scale], [0.0, scale, -y0 * scale]]))
     canvas = VideoCanvas([f"class {k}" for k in range(8)], "warm-up", device)
-    images = [torch.zeros((240, 320, 3), dtype=torch.uint8, device=device)] * 2
+    images = [torch.zeros((h, w, 3), dtype=torch.uint8, device=device)] * 2
     for _ in range(2):  # the second chunk takes the paths of kept sprites
         canvas.draw(images, [[(face, [(0.4, -0.4), (0.5, -0.5)])], []], [[PALETTE[0]], []]).cpu()
 
@@ -76,6 +81,7 @@ def main(device_name: str) -> int:
     send(out, ("ready", [e.ipc_handle() for e in events] if events else None))
 
     videos: dict[int, VideoDrawing] = {}
+    warm: set[tuple[int, int]] = set()  # frame sizes drawn once already
     ring = copied = None
     for message in messages(sys.stdin.buffer):
         kind = message[0]
@@ -84,6 +90,10 @@ def main(device_name: str) -> int:
             video = videos[number] = VideoDrawing(spec, device, spare)
             if video.failed is not None:
                 send(out, ("error", number, video.failed))
+        elif kind == "warm":
+            if message[1] not in warm:
+                _warm_up(device, shape=message[1])
+                warm.add(message[1])
         elif kind == "ring":
             _, ring, handles = message
             copied = [torch.cuda.Event.from_ipc_handle(device, h) for h in handles]

@@ -24,7 +24,8 @@ setup(
         "matplotlib>=3.5",    # per-video plots
     ],
     # scikit-image: its sample photos (faces and not) are the detector tests' real photos.
-    extras_require={"test": ["pytest>=7", "scikit-image>=0.21"]},
+    # PyNvVideoCodec: NVIDIA's decoder (NVDEC) for annotated videos, on NVIDIA GPUs.
+    extras_require={"test": ["pytest>=7", "scikit-image>=0.21"], "nvdec": ["PyNvVideoCodec>=2.0"]},
     entry_points={"console_scripts": [
         "emonet-photo = emonet.apps.photo:main",
         "emonet-video = emonet.apps.video:main",

@@ -359,7 +359,7 @@ def open_reader(args: argparse.Namespace, source: str) -> VideoReader:
     decodes where ``--decoder`` asks for it (``auto``: while an annotated video is written, x264 then has
     the cores PyAV's decoding would take).
     """
-    use_nvdec = args.decoder == "nvdec" or (args.decoder == "auto" and bool(args.output) and nvdec.available())
+    use_nvdec = args.decoder == "nvdec" or (args.decoder == "auto" and bool(args.output))
     reader = VideoReader(source, start=args.start, end=args.end, max_frames=args.max_frames,
                          device=select_device(args.device, quiet=True), keep_host=False, use_nvdec=use_nvdec)
     if args.decoder == "nvdec" and reader.nvdec_refused:

@@ -51,6 +51,12 @@ def decoding_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
+def in_run(produced: int, index: int, rate: float, max_frames: Optional[int], end: Optional[float]) -> bool:
+    """Whether frame ``index``, the run's ``produced``-th (from 0), is still in the run: ``--max-frames``, and
+    ``--end`` by the frame's time at ``rate``."""
+    return (max_frames is None or produced < max_frames) and (end is None or index / rate <= end)
+
+
 def open_capture(source, start: float = 0.0):
     """OpenCV's capture of a file (on :func:`decoding_threads`), camera index or numbered images, quietly,
     at ``start`` seconds; check ``isOpened()``."""
@@ -336,7 +342,7 @@ def main(spec: dict) -> int:
             end, limit = video.get("end"), video.get("max_frames")
             pending, produced = first, 0
             try:
-                while (limit is None or produced < limit) and (end is None or index / rate <= end):
+                while in_run(produced, index, rate, limit, end):
                     while not free:
                         if not take_back():  # the parent has gone
                             return 0

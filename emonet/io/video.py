@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from . import ipc, nvdec
+from .decode_worker import in_run
 from .images import InputError
 
 # Frames of a file are converted to RGB on the GPU this many at a time: the conversion is a fixed number
@@ -356,8 +357,27 @@ class VideoReader:
                 continue
 
     def _run(self) -> None:
-        if self._nvdec is not None:
-            return self._run_nvdec()
+        try:
+            self._take_nvdec() if self._nvdec is not None else self._take_decoded()
+        except BaseException as exc:  # reported to the consumer, never lost in the thread
+            self._error = exc
+        finally:
+            self._put_end()
+            if self._shared:
+                self._decoder.skip()  # stopped early: the next video's header comes after this one's frames
+            self._done.set()
+
+    def _put_rgb(self, indices: Sequence[int], yuv: torch.Tensor, stream: "torch.cuda.Stream", nv12: bool = False,
+                 hosts: Optional[Sequence[Optional[np.ndarray]]] = None) -> None:
+        """Frames ``indices`` from one conversion of their planes ``yuv`` on ``stream``, each a view of the result."""
+        rgb = i420_to_rgb(yuv, *colours(self._layout), nv12=nv12)
+        ready = torch.cuda.Event()
+        ready.record(stream)
+        for k, i in enumerate(indices):
+            self._put(Frame(i, i / self.fps, host=hosts[k] if hosts else None, pixels=rgb[k], ready=ready))
+
+    def _take_decoded(self) -> None:
+        """The decoding process's frames, uploaded (on a GPU) and queued."""
         index = self.first_index
         colour = colours(self._layout)  # None: BGR frames
         stream = torch.cuda.Stream(self.device) if self.device is not None else None
@@ -367,94 +387,72 @@ class VideoReader:
         raw: Optional[torch.Tensor] = None
 
         def convert() -> None:
-            # One conversion for the group, on this thread's stream; each frame a view of the result.
+            # One conversion for the group, on this thread's stream.
             nonlocal raw
             if not group:
                 return
-            rgb = i420_to_rgb(raw[:len(group)], *colour)
-            ready = torch.cuda.Event()
-            ready.record(stream)
-            for k, (i, host) in enumerate(group):
-                self._put(Frame(i, i / self.fps, host=host, pixels=rgb[k], ready=ready))
+            self._put_rgb([i for i, _ in group], raw[:len(group)], stream, hosts=[host for _, host in group])
             group.clear()
             raw = None
 
-        try:
-            for array, seconds, slot in self._decoder.frames():
-                if self._stop.is_set():  # (--end and --max-frames: the decoding process stops there)
-                    self._decoder.release(slot)
-                    break
-                self.decode_seconds += seconds
-                # Timestamps from the index: some backends report the *next* frame's time.
-                self.frame_shape = self._decoder.shape
-                if stream is None:
-                    frame = Frame(index, index / self.fps, host=host_rgb(array, colour))
-                elif colour is None:
-                    # Uploaded as decoded and turned into RGB on the GPU: no CPU colour conversion unless a
-                    # host copy is wanted, made while the upload runs.
-                    pixels = torch.from_numpy(array).to(self.device, non_blocking=True).flip(-1)
-                    ready = torch.cuda.Event()
-                    ready.record(stream)
-                    host = host_rgb(array, colour) if self.keep_host else None
-                    ready.synchronize()  # the slot is reused once this returns
-                    frame = Frame(index, index / self.fps, host=host, pixels=pixels, ready=ready)
-                else:
-                    if raw is not None and tuple(raw.shape[1:]) != array.shape:
-                        convert()  # the video changed size
-                    if raw is None:
-                        raw = torch.empty((CONVERT_FRAMES, *array.shape), dtype=torch.uint8, device=self.device)
-                    raw[len(group)].copy_(torch.from_numpy(array), non_blocking=True)
-                    uploaded = torch.cuda.Event()
-                    uploaded.record(stream)
-                    group.append((index, host_rgb(array, colour) if self.keep_host else None))
-                    uploaded.synchronize()  # the slot is reused once this returns
-                    frame = None
+        for array, seconds, slot in self._decoder.frames():
+            if self._stop.is_set():  # (--end and --max-frames: the decoding process stops there)
                 self._decoder.release(slot)
-                if frame is not None:
-                    self._put(frame)
-                elif len(group) == CONVERT_FRAMES:
-                    convert()
-                index += 1
-            convert()
-        except BaseException as exc:  # reported to the consumer, never lost in the thread
-            self._error = exc
-        finally:
-            self._put_end()
-            if self._shared:
-                self._decoder.skip()  # stopped early: the next video's header comes after this one's frames
-            self._done.set()
+                break
+            self.decode_seconds += seconds
+            # Timestamps from the index: some backends report the *next* frame's time.
+            self.frame_shape = self._decoder.shape
+            if stream is None:
+                frame = Frame(index, index / self.fps, host=host_rgb(array, colour))
+            elif colour is None:
+                # Uploaded as decoded and turned into RGB on the GPU: no CPU colour conversion unless a
+                # host copy is wanted, made while the upload runs.
+                pixels = torch.from_numpy(array).to(self.device, non_blocking=True).flip(-1)
+                ready = torch.cuda.Event()
+                ready.record(stream)
+                host = host_rgb(array, colour) if self.keep_host else None
+                ready.synchronize()  # the slot is reused once this returns
+                frame = Frame(index, index / self.fps, host=host, pixels=pixels, ready=ready)
+            else:
+                if raw is not None and tuple(raw.shape[1:]) != array.shape:
+                    convert()  # the video changed size
+                if raw is None:
+                    raw = torch.empty((CONVERT_FRAMES, *array.shape), dtype=torch.uint8, device=self.device)
+                raw[len(group)].copy_(torch.from_numpy(array), non_blocking=True)
+                uploaded = torch.cuda.Event()
+                uploaded.record(stream)
+                group.append((index, host_rgb(array, colour) if self.keep_host else None))
+                uploaded.synchronize()  # the slot is reused once this returns
+                frame = None
+            self._decoder.release(slot)
+            if frame is not None:
+                self._put(frame)
+            elif len(group) == CONVERT_FRAMES:
+                convert()
+            index += 1
+        convert()
 
-    def _run_nvdec(self) -> None:
+    def _take_nvdec(self) -> None:
+        """NVDEC's frames, a batch at a time, converted where they are and queued."""
         stream = self._nvdec.stream
         torch.cuda.set_stream(stream)  # NVDEC's copies are queued on it: read the frames there
-        colour = colours(self._layout)
         index = 0
-        try:
-            while not self._stop.is_set():
-                t0 = time.perf_counter()
-                planes = self._nvdec.next_batch()
-                self.decode_seconds += time.perf_counter() - t0
-                # Where the run ends: --max-frames, or --end by the frames' times (as the CPU path's decoder).
-                planes = [p for k, p in enumerate(planes)
-                          if (self.max_frames is None or index + k < self.max_frames)
-                          and (self.end is None or (index + k) / self.fps <= self.end)]
-                if not planes:
-                    break
-                while planes:  # frames of one size at a time (a video may change size)
-                    same = next((k for k, p in enumerate(planes) if p.shape != planes[0].shape), len(planes))
-                    rgb = i420_to_rgb(torch.stack(planes[:same]), *colour, nv12=True)
-                    ready = torch.cuda.Event()
-                    ready.record(stream)
-                    self.frame_shape = tuple(rgb.shape[1:])
-                    for k in range(same):
-                        self._put(Frame(index, index / self.fps, host=None, pixels=rgb[k], ready=ready))
-                        index += 1
-                    planes = planes[same:]
-        except BaseException as exc:  # reported to the consumer, never lost in the thread
-            self._error = exc
-        finally:
-            self._put_end()
-            self._done.set()
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            planes = self._nvdec.next_batch()
+            self.decode_seconds += time.perf_counter() - t0
+            # Where the run ends, as the decoding process reckons it (NVDEC decodes from the first frame).
+            planes = [p for k, p in enumerate(planes)
+                      if in_run(index + k, index + k, self.fps, self.max_frames, self.end)]
+            if not planes:
+                break
+            while planes:  # frames of one size at a time (a video may change size)
+                same = next((k for k, p in enumerate(planes) if p.shape != planes[0].shape), len(planes))
+                h, w = planes[0].shape
+                self.frame_shape = (h * 2 // 3, w, 3)
+                self._put_rgb(range(index, index + same), torch.stack(planes[:same]), stream, nv12=True)
+                index += same
+                planes = planes[same:]
 
     def _put_end(self) -> None:
         while True:

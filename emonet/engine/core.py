@@ -23,9 +23,9 @@ from ..runtime import RuntimeConfig
 from . import precompile
 from .compile import compiler
 from .config import EngineConfig
-from .forward import StreamedForward, model_input, no_cudnn_autotuning, packed_forward, packed_forward_heatmaps, \
+from .forward import StreamedForward, no_cudnn_autotuning, packed_forward, packed_forward_heatmaps, \
     split_outputs
-from .transforms import engine_net, fold_batchnorm, fold_stack_tails, fuse_stack_ends, pad_stem_input, \
+from .transforms import engine_net, fold_batchnorm, fold_input_scale, fold_stack_tails, fuse_stack_ends, pad_stem_input, \
     pointwise_max_pools
 
 
@@ -49,7 +49,7 @@ class Engine:
 
         net = engine_net(model)  # the one copy: the transforms below change it in place
         if self.config.fold_bn:
-            fold_stack_tails(fold_batchnorm(net, inplace=True), inplace=True)
+            fold_input_scale(fold_stack_tails(fold_batchnorm(net, inplace=True), inplace=True), inplace=True)
         if self.device.type == "cuda" and self.config.channels_last:
             pad_stem_input(net, inplace=True)
             if self.config.fold_bn:
@@ -119,10 +119,8 @@ class Engine:
 
     # -- running -------------------------------------------------------------------------------
     def _prepare(self, crops: torch.Tensor) -> torch.Tensor:
-        x = crops.to(self.device, non_blocking=True)
-        if self._compiled:
-            return x  # the compiled code scales it (emonet.engine.model_input)
-        return model_input(self.model, x)
+        # Every forward scales the crops itself (emonet.engine.model_input): compiled, in one fused kernel.
+        return crops.to(self.device, non_blocking=True)
 
     def _call_model(self, x: torch.Tensor) -> torch.Tensor:
         """The packed outputs (:func:`split_outputs`) of the model on prepared input."""

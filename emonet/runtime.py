@@ -66,13 +66,6 @@ def select_device(requested: Union[str, torch.device, None] = None, quiet: bool 
     return device
 
 
-def native_bf16() -> bool:
-    """True where this CPU computes bf16 in hardware (AMX or AVX-512 BF16): there bf16 is ~3x faster than
-    fp32; elsewhere oneDNN emulates it and it is slower."""
-    checks = [getattr(torch.cpu, name, None) for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
-    return any(check() for check in checks if check is not None)
-
-
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's and torch's generators (all CUDA devices included)."""
     random.seed(seed)

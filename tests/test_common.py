@@ -26,23 +26,38 @@ def _args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(["--weights", "random", *argv])
 
 
-def test_auto_on_a_cpu_without_hardware_bf16_is_the_exact_fp32_network(monkeypatch, capsys):
-    monkeypatch.setattr(common, "native_bf16", lambda: False)
+@pytest.mark.parametrize("hardware_bf16", [False, True])
+def test_auto_on_a_cpu_is_the_exact_fp32_network_whatever_the_cpu(monkeypatch, capsys, hardware_bf16):
+    # A CPU with AMX or AVX-512 BF16 (CI's has neither) gets the same engine as any other.
+    for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        monkeypatch.setattr(torch.cpu, name, lambda: hardware_bf16, raising=False)
     engine = build_engine(_args("--device", "cpu"))
     assert engine.config.precision == "fp32" and engine.config.fold_bn and not engine.config.cuda_graphs
-    assert "engine fp32+cl+fold" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "engine fp32+cl+fold" in err and "bf16" not in err
 
 
-def test_auto_on_a_cpu_with_hardware_bf16_checks_agreement_and_takes_bf16(monkeypatch, capsys):
-    # The branch a CPU with AMX or AVX-512 BF16 takes; the agreement check itself runs for real.
-    monkeypatch.setattr(common, "native_bf16", lambda: True)
-    engine = build_engine(_args("--device", "cpu"))
+def test_bf16_only_when_asked_for_and_it_says_what_it_costs(capsys):
+    engine = build_engine(_args("--device", "cpu", "--precision", "bf16"))
     assert engine.config.precision == "bf16"
-    assert "agrees with fp32 on real faces" in capsys.readouterr().err
+    assert "--precision fp32 gives the released model's numbers" in capsys.readouterr().err
+    assert build_engine(_args("--device", "cpu", "--engine", "fast")).config.precision == "bf16"
 
 
-def test_deterministic_keeps_fp32_whatever_the_cpu(monkeypatch):
-    monkeypatch.setattr(common, "native_bf16", lambda: True)
+def test_precision_fp32_overrides_the_preset(capsys):
+    assert build_engine(_args("--device", "cpu", "--engine", "fast", "--precision", "fp32")).config.precision == "fp32"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--precision", "fp16"), "--precision fp16 needs a GPU"),
+    (("--precision", "bf16", "--deterministic"), "--deterministic computes in fp32"),
+])
+def test_precision_that_cannot_run_is_one_clear_error(argv, message):
+    with pytest.raises(common.DeviceError, match=message):
+        build_engine(_args("--device", "cpu", *argv))
+
+
+def test_deterministic_keeps_fp32():
     assert build_engine(_args("--device", "cpu", "--deterministic")).config.precision == "fp32"
 
 

@@ -6,19 +6,21 @@ import sys
 from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
+import torch
+
 from ..models.weights import UNTRAINED_LABEL, CheckpointError, load_model
 from ..detection import DETECTORS, DetectorError, create_detector
-from ..engine import PRESETS, Engine, EngineConfig, compare, real_face_crops
+from ..engine import PRESETS, Engine, EngineConfig
 from ..io.images import InputError
-from ..runtime import DeviceError, RuntimeConfig, configure, describe, native_bf16
+from ..runtime import PRECISIONS, DeviceError, RuntimeConfig, configure, describe
 
 
 ENGINE_HELP = ("how the network runs (default: auto). auto: 'fast' on a GPU (without CUDA graphs for a job "
-               "of a few images, which would not repay them); on a CPU, 'fast' (bf16) where the CPU computes "
-               "bf16 in hardware (AMX, AVX-512 BF16) and agrees with fp32 on real faces, else the exact fp32 "
-               "network; fp32 with --deterministic. eager: the released model as it is, fp32, one call per batch. "
-               "fast: fp16 (bf16 on the CPU), channels_last, exact folding of BatchNorm and the 1x1 "
-               "convolutions, CUDA graphs; outputs within 0.01 of fp32. compiled: fast + torch.compile and "
+               "of a few images, which would not repay them); on a CPU, the exact fp32 network, whatever the "
+               "CPU; fp32 with --deterministic. eager: the released model as it is, fp32, one call per batch. "
+               "fast: fp16 on a GPU (bf16 on a CPU), channels_last, exact folding of BatchNorm and the 1x1 "
+               "convolutions, CUDA graphs; on a GPU as close to fp32 as PyTorch's default TF32 arithmetic "
+               "(docs/PERFORMANCE.md). compiled: fast + torch.compile and "
                "side CUDA streams up to batch 8 (minutes to compile once per machine, fastest after). tuned: "
                "compiled, with kernels tuned on the GPU (long runs at large batch; about 15 s more at every "
                "start). max: compiled with max-autotune (a very slow first start)")
@@ -42,6 +44,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
                    help="expression classes; read from the checkpoint when omitted (8 for pretrained)")
     g.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda:0 if present, else cpu)")
     g.add_argument("--engine", default="auto", choices=["auto", *PRESETS], help=ENGINE_HELP)
+    g.add_argument("--precision", default="auto", choices=["auto", *PRECISIONS], help=PRECISION_HELP)
     g.add_argument("--no-cudnn-benchmark", action="store_true",
                    help="turn cuDNN autotuning off (faster start, slower steady state)")
     g.add_argument("--deterministic", action="store_true",
@@ -58,6 +61,18 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
                             "lower it to find faint faces, raise it to drop doubtful ones")
 
 
+PRECISION_HELP = ("the arithmetic, whatever --engine says (default: auto, the engine's own: fp16 on a GPU, fp32 "
+                  "on a CPU). fp32: true fp32, TF32 off: the released model's numbers, slowest on a GPU (about "
+                  "a third of fp16's speed). tf32: fp32 with TF32 convolutions, the released demo's own "
+                  "arithmetic on a GPU. fp16: GPUs only. bf16: 8 bits of mantissa, fast on CPUs with bf16 in "
+                  "hardware, but it moves valence and arousal by up to about 0.1: only when asked for")
+
+# What bf16 does to the numbers, measured on a well-conditioned checkpoint over real face crops
+# (docs/PERFORMANCE.md): said whenever it is asked for.
+BF16_NOTE = ("bf16 keeps 8 bits of mantissa: on a well-conditioned checkpoint it moved valence by up to 0.03 and "
+             "arousal by up to 0.12 from fp32, and changed 7 % of expressions (docs/PERFORMANCE.md); "
+             "--precision fp32 gives the released model's numbers")
+
 # Crops below which a job does not repay capturing CUDA graphs and warming up every batch size (about
 # 1 s per batch size at start, against a few ms saved per call): such a job runs the same fast network
 # eagerly, and cuDNN tunes only the shapes it meets.
@@ -71,29 +86,26 @@ def build_engine(args: argparse.Namespace, batch_sizes: Sequence[int] = (1, 4, 1
     # A small job under auto: cuDNN's autotuning (seconds for the first image's ~40 convolution shapes)
     # would not repay itself either; its heuristics pick the kernels.
     small = args.engine == "auto" and job is not None and job < GRAPHS_PAY_FROM
+    precision = getattr(args, "precision", "auto")
+    if args.deterministic and precision not in ("auto", "fp32"):
+        raise DeviceError(f"--deterministic computes in fp32: drop --precision {precision}")
     runtime = RuntimeConfig(device=args.device, cudnn_benchmark=not args.no_cudnn_benchmark and not small,
-                            deterministic=args.deterministic)
+                            deterministic=args.deterministic, precision=precision if precision != "auto" else "fp32")
     device = configure(runtime)
+    if precision == "fp16" and device.type != "cuda":
+        raise DeviceError("--precision fp16 needs a GPU; on a CPU use fp32 (exact) or bf16")
     model = load_model(args.weights, n_expression=args.nclasses, device="cpu")
-    preset = args.engine
-    note, engine = "", None
-    if preset == "auto":
-        preset = "fast" if device.type == "cuda" and not args.deterministic else "eager"
-        if device.type == "cpu" and not args.deterministic and native_bf16():
-            engine, note = _cpu_bf16_if_it_agrees(model, batch_sizes)
-    config = PRESETS[preset]
-    if small and preset == "fast":
+    config = engine_config(args.engine, device, deterministic=args.deterministic, precision=precision)
+    note = ""
+    if small and config.cuda_graphs:
         config = replace(config, cuda_graphs=False, warmup=False)
         note = (f" (no CUDA graphs, warm-up or cuDNN autotuning for a job of {job}: they would cost more than "
                 f"they save)")
-    if device.type == "cpu" and preset in ("eager", "fast"):
-        # eager: exact, and 1.3x faster on the CPU. No warm-up: the CPU has nothing to autotune, and a
-        # batch-16 warm-up would cost seconds.
-        config = CPU_BF16 if preset == "fast" else CPU_FP32
-    if engine is None:
-        engine = Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)))
+    engine = Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)))
     print(f"EmoNet ({model.n_expression} classes, {args.weights}) on {describe(runtime, device)}; "
           f"engine {engine.config.name}{note}", file=sys.stderr)
+    if engine.config.precision == "bf16":
+        print(f"note: {BF16_NOTE}", file=sys.stderr)
     if engine.untrained:
         print(f"warning: {UNTRAINED_LABEL}", file=sys.stderr)
     return engine
@@ -103,14 +115,23 @@ CPU_FP32 = EngineConfig(channels_last=True, fold_bn=True, warmup=False)
 CPU_BF16 = EngineConfig(precision="bf16", channels_last=True, fold_bn=True, warmup=False)
 
 
-def _cpu_bf16_if_it_agrees(model, batch_sizes: Sequence[int]) -> tuple[Optional[Engine], str]:
-    """``auto`` on a CPU with bf16 in hardware: the bf16 engine if its readings of real face crops agree with
-    fp32 within the benchmark's tolerance (same expression; valence and arousal within 0.01), else None."""
-    fast = Engine(model, "cpu", replace(CPU_BF16, batch_sizes=tuple(batch_sizes)))
-    agreement = compare(fast, model, real_face_crops(4))
-    if agreement.ok:
-        return fast, " (bf16: this CPU computes it in hardware, and it agrees with fp32 on real faces)"
-    return None, f" (fp32: bf16 disagreed with it on real faces: {agreement.format()})"
+def engine_config(preset: str, device: torch.device, deterministic: bool = False,
+                  precision: str = "auto") -> EngineConfig:
+    """The engine configuration of an ``--engine`` preset (or ``auto``) and ``--precision`` on ``device``.
+
+    ``auto`` is ``fast`` on a GPU and the exact fp32 network on a CPU, whatever the CPU (bf16 only when
+    asked for), so a result never depends on the CPU's features or the process count.
+    """
+    if preset == "auto":
+        preset = "fast" if device.type == "cuda" and not deterministic else "eager"
+    config = PRESETS[preset]
+    if device.type == "cpu" and preset in ("eager", "fast"):
+        # eager: exact, and 1.3x faster on the CPU. No warm-up: the CPU has nothing to autotune, and a
+        # batch-16 warm-up would cost seconds.
+        config = CPU_BF16 if preset == "fast" else CPU_FP32
+    if precision != "auto":
+        config = replace(config, precision=precision)
+    return config
 
 
 def build_detector(args: argparse.Namespace, engine: Engine, tiles: bool = True):

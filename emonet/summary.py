@@ -43,6 +43,8 @@ class VideoSummary:
         self.untrained = untrained
         self.frames = 0
         self.tracks: dict[int, _Track] = {}
+        self.note: Optional[str] = None         # why the frames read are not the whole video, if they are not
+        self.provenance: Optional[dict] = None  # what made the results (emonet.provenance)
 
     def add(self, timestamp: float, faces: Sequence[FaceResult]) -> None:
         """One frame's faces (none: a frame without a face, still counted)."""
@@ -73,7 +75,8 @@ class VideoSummary:
     def to_dict(self) -> dict:
         """The ``<stem>.summary.json`` content."""
         return {"video": self.video, "frames": self.frames, "fps": round(self.fps, 4),
-                "class_names": self.class_names, "untrained": self.untrained, "faces": self.faces(), "error": None}
+                "class_names": self.class_names, "untrained": self.untrained, "faces": self.faces(), "error": None,
+                "note": self.note, "provenance": self.provenance}
 
     def write_json(self, path: Union[str, Path]) -> None:
         """Write :meth:`to_dict` as JSON (atomically)."""
@@ -246,14 +249,19 @@ def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
 def summary_fields(class_names: Sequence[str]) -> list[str]:
     """The columns of ``summary.csv``."""
     return ["video", "face_id", "frames", "valence_mean", "valence_std", "arousal_mean", "arousal_std",
-            *[f"share_{c}" for c in class_names], "dominant_expression", "error"]
+            *[f"share_{c}" for c in class_names], "dominant_expression", "untrained", "note", "error"]
 
 
 def summary_rows(record: dict) -> list[dict]:
-    """``summary.csv`` rows of one video's summary record (a failed or faceless video: one row)."""
-    base = {"video": record["video"], "error": record.get("error") or ""}
-    if record.get("error") or not record.get("faces"):
-        return [{**base, "frames": 0 if record.get("error") else "", "face_id": ""}]
+    """``summary.csv`` rows of one video's summary record (a failed or faceless video: one row, its note
+    saying so)."""
+    base = {"video": record["video"], "error": record.get("error") or "", "note": record.get("note") or "",
+            "untrained": "" if record.get("error") else int(bool(record.get("untrained")))}
+    if record.get("error"):
+        return [{**base, "frames": 0, "face_id": ""}]
+    if not record.get("faces"):
+        note = "; ".join(n for n in ("no face", base["note"]) if n)
+        return [{**base, "frames": record.get("frames", ""), "face_id": "", "note": note}]
     return [{**base, **face} for face in record["faces"]]
 
 

@@ -395,3 +395,71 @@ def test_an_annotated_video_is_decoded_on_nvdec_with_the_cpus_rows(tmp_path):
     assert len(with_face) == 40
     np.testing.assert_allclose([[float(a[k]) for k in box] for a, _ in with_face],
                                [[float(c[k]) for k in box] for _, c in with_face], atol=0.5)
+
+
+def make_h264(path: Path, times: list, size=(160, 120), faststart: bool = False) -> Path:
+    """An H.264 clip whose frame ``i`` is shown at ``times[i]`` seconds (a millisecond time base: variable
+    frame rate as phones record it), the test photo moving over a plain background."""
+    import fractions
+
+    import av
+
+    face = cv2.cvtColor(cv2.resize(cv2.imread(str(SAMPLE_PHOTO)), (96, 96)), cv2.COLOR_BGR2RGB)
+    with av.open(str(path), "w", options={"movflags": "faststart"} if faststart else {}) as container:
+        stream = container.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = size[0], size[1], "yuv420p"
+        stream.codec_context.time_base = fractions.Fraction(1, 1000)
+        for i, t in enumerate(times):
+            canvas = np.full((size[1], size[0], 3), 60, np.uint8)
+            x = (3 * i) % (size[0] - 96)
+            canvas[12:108, x:x + 96] = face
+            frame = av.VideoFrame.from_ndarray(canvas, format="rgb24")
+            frame.pts, frame.time_base = round(t * 1000), fractions.Fraction(1, 1000)
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def test_timestamps_are_presentation_times_on_variable_frame_rate_video(tmp_path):
+    # Recorded at 30 frames/s, then at 5: index / average rate is off by over a second by the end.
+    times = [i / 30 for i in range(18)] + [18 / 30 + i / 5 for i in range(12)]
+    clip = make_h264(tmp_path / "vfr.mp4", times)
+    out = tmp_path / "rows.csv"
+    r = demo_video("--video", clip, "--csv", out, "--weights", "random", "--device", "cpu", "--batch-size", "8")
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(out.open()))
+    seen = {}
+    for row in rows:
+        seen[int(row["frame"])] = float(row["timestamp"])
+    assert sorted(seen) == list(range(len(times)))
+    for i, t in enumerate(times):
+        assert abs(seen[i] - t) <= 1e-3, (i, seen[i], t)
+
+
+def test_a_truncated_video_says_so_keeps_its_frames_and_exits_1(tmp_path, ckpt_dir):
+    import hashlib
+
+    whole = make_h264(tmp_path / "whole.mp4", [i / 30 for i in range(60)], faststart=True)
+    cut = tmp_path / "cut.mp4"
+    data = whole.read_bytes()
+    cut.write_bytes(data[:len(data) // 2])  # the index (at the front) still declares 60 frames
+    out = tmp_path / "rows.csv"
+    weights = ckpt_dir / "emonet_8.pth"
+    r = demo_video("--video", cut, "--csv", out, "--weights", weights, "--device", "cpu", "--detect-every", "100")
+    assert r.returncode == 1, r.stderr
+    warning = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warning) == 1 and "of the 60 frames the file declares" in warning[0], r.stderr
+    frames = {int(row["frame"]) for row in csv.DictReader(out.open())}
+    assert 0 < len(frames) < 60 and frames == set(range(len(frames)))  # what could be read is kept
+    meta = json.loads((tmp_path / "rows.meta.json").read_text())
+    assert meta["complete"] is False and meta["frames"] == len(frames) and meta["declared_frames"] == 60
+    assert "of the 60 frames" in meta["warning"]
+    assert meta["weights"]["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert meta["precision"] == "fp32" and meta["engine"] and meta["torch_version"] and meta["emonet_version"]
+    # The whole file: complete, exit 0, no warning.
+    r = demo_video("--video", whole, "--csv", out, "--weights", "random", "--device", "cpu", "--max-frames", "4")
+    assert r.returncode == 0 and "warning: " not in r.stderr.replace("warning: untrained", ""), r.stderr
+    meta = json.loads((tmp_path / "rows.meta.json").read_text())
+    assert meta["complete"] is True and meta["weights"] == {"source": "random", "sha256": None, "untrained": True}

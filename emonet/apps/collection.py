@@ -19,6 +19,7 @@ from typing import Optional
 from tqdm import tqdm
 
 from ..io.images import InputError, check_writable_dir
+from ..provenance import provenance
 from ..summary import PlotProcess, VideoSummary, write_summary_csv
 from ..timing import StartupClock
 from ..io.video import VideoSequence
@@ -185,6 +186,7 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     get_pipeline = LazyPipeline(args, job=sum(counts[i] for i in share))  # the warm-up fits the whole share
 
     errors: dict[str, str] = {}
+    errors_shortfall: dict[str, str] = {}  # videos read only in part: kept, but the run's exit code is 1
 
     def failed(video: str, message: str) -> None:  # one line, above a running progress bar; the others go on
         errors[video] = message
@@ -232,6 +234,9 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
             if run.error is not None or run.job is None or run.job.frames == 0:
                 failed(run.source, str(run.error or no_frames(run.source)))
                 continue
+            if run.shortfall:  # kept, said, and recorded in its summary and row
+                errors_shortfall[run.source] = run.shortfall
+                tqdm.write(f"warning: {run.source}: {run.shortfall}", file=err)
             _write_summary(run, output_paths(out_dir, Path(run.source), args.output_videos), plots)
             last = time.time()  # the wall clock: the processes' times are put side by side
             first = first if first is not None else last - run.wall
@@ -257,9 +262,11 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
         print(startup.format("first results"), file=err)
     all_errors: dict[str, str] = {}
     flows = []
-    for part, flow in dist.gather((errors, (frames, first, last))):
+    short = False
+    for part, flow, partial in dist.gather((errors, (frames, first, last), bool(errors_shortfall))):
         all_errors.update(part)
         flows.append(flow)
+        short = short or partial
     if dist.world > 1 and dist.rank == 0:
         _report_together(flows)
     if dist.rank == 0:
@@ -281,7 +288,7 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
         failed = sum(1 for r in records if r.get("error"))
         print(f"summary: {out_dir / 'summary.csv'} ({len(videos) - failed} videos"
               + (f", {failed} failed" if failed else "") + ")", file=err)
-    return 130 if interrupted else 1 if all_errors else 0
+    return 130 if interrupted else 1 if all_errors or short else 0
 
 
 def _complete(paths: dict[str, Path]) -> bool:
@@ -294,5 +301,7 @@ def _write_summary(run, paths: dict[str, Path], plots: PlotProcess) -> None:
     summary, engine = run.job.outputs.summary, run.job.engine
     summary.class_names, summary.untrained = list(engine.class_names), engine.untrained
     summary.fps = run.job.reader.fps
+    summary.note = run.shortfall
+    summary.provenance = provenance(engine)
     summary.write_json(paths["summary"])
     plots.submit(summary, paths["plot"])

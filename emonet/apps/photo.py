@@ -11,7 +11,7 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from .. import __version__
+from ..provenance import provenance
 from ..drawing import annotate
 from ..io.atomic import write_text
 from ..io.images import IMAGE_EXTENSIONS, InputError, check_writable_dir, collect_images, read_image, write_image
@@ -100,9 +100,8 @@ def run(args: argparse.Namespace) -> int:
     latency = {"per_image": image_timer.summary().as_dict(), "emonet_per_image": face_timer.summary().as_dict(),
                "engine_warmup_ms": engine.warmup_ms, "startup": startup.as_dict()}
     if args.json:
-        doc = {"emonet_version": __version__, "weights": engine.weights_source, "untrained": engine.untrained,
-               "classes": list(names), "detector": detector.name, "refine": args.refine,
-               "device": str(engine.device), "images": records, "latency": latency}
+        doc = {**provenance(engine), "untrained": engine.untrained, "detector": detector.name,
+               "refine": args.refine, "images": records, "latency": latency}
         text = json.dumps(doc, indent=2)
         if args.json == "-":
             sys.stdout.write(text + "\n")

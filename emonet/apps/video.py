@@ -37,6 +37,7 @@ from ..io.video import Frame, VideoReader
 from ..io.writer import CODECS, check_video_name
 from ..models.weights import UNTRAINED_LABEL
 from ..pipeline import PendingChunk, Pipeline, VideoPipeline
+from ..provenance import provenance, write_sidecar
 from ..results import FaceResult, frame_fields, frame_row
 from ..summary import VideoSummary
 from ..runtime import select_device
@@ -334,6 +335,7 @@ class VideoRun:
     cpu: dict                       # CPU-seconds meanwhile: this process, decoding, encoding
     error: Optional[InputError] = None  # decoding failed part-way: the frames before are kept
     source: str = ""
+    shortfall: Optional[str] = None     # why the frames read are not the whole video (truncated, damaged)
 
 
 @dataclass
@@ -421,7 +423,8 @@ class _Running:
         if drawn is not None and not drawn.apart:  # the encoders were this process's children
             children -= encoding
         cpu = {"this process": own, "decoding": children, "drawing": drawing, "encoding": encoding}
-        return VideoRun(self.job, time.perf_counter() - self.wall0, video, interrupted, cpu, self.error, self.source)
+        return VideoRun(self.job, time.perf_counter() - self.wall0, video, interrupted, cpu, self.error, self.source,
+                        None if interrupted else self.reader.shortfall)
 
 
 def analyse_many(args: argparse.Namespace, tasks: Iterable[VideoTask], get_pipeline,
@@ -542,8 +545,17 @@ def run(args: argparse.Namespace) -> int:
             return 130
         raise no_frames(source)
     _summary(job, job.reader, result)
+    rows = args.csv or args.jsonl
+    if rows:  # what made these rows, and whether they are the whole video
+        meta = write_sidecar(rows, provenance(job.engine), {
+            "video": source, "frames": job.frames, "declared_frames": (job.reader.ending.declared or None)
+            if job.reader.ending else None, "complete": not result.interrupted and result.shortfall is None,
+            "warning": result.shortfall, "interrupted": result.interrupted})
+        print(f"provenance: {meta}", file=sys.stderr)
     print(startup.format("first results"), file=sys.stderr)
-    return 130 if result.interrupted else 0
+    if result.shortfall:
+        print(f"warning: {source}: {result.shortfall}; the outputs hold the frames that were read", file=sys.stderr)
+    return 130 if result.interrupted else 1 if result.shortfall else 0
 
 
 def _summary(job: VideoJob, reader: VideoReader, run: VideoRun) -> None:

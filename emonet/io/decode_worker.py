@@ -20,11 +20,15 @@ Protocol, one text line per message. The child writes on stdout, for each video 
   maps it and deletes its name at once), ``=`` when the last video's slots serve this one too, ``-`` when
   the video has no frame at all; ``layout`` is ``bgr`` (height x width x 3 bytes) or
   ``i420:MATRIX:RANGE`` (yuv420p planes, ``MATRIX`` 601 or 709, ``RANGE`` limited or full);
-- ``F slot height width seconds``: a frame is in ``slot``; ``seconds`` is the time its decoding took;
-- ``B height width seconds``, then the frame's bytes: a frame too large for a slot (the video changed
+- ``F slot height width seconds time``: a frame is in ``slot``; ``seconds`` is the time its decoding took,
+  ``time`` its presentation time in seconds from the stream's start (a camera's: since its first frame
+  was captured), ``-`` where the source has none (numbered images);
+- ``B height width seconds time``, then the frame's bytes: a frame too large for a slot (the video changed
   size), sent through the pipe instead;
-- ``D``: no more frames of this video (at its end, ``max_frames`` or ``end``); ``X reason``: it could not
-  be opened; ``E message``: decoding failed. The next video follows.
+- ``D produced declared damaged``: no more frames of this video (at its end, ``max_frames`` or ``end``):
+  how many were handed over, how many the container declares (0: it does not say), and 1 where decoding
+  stopped at damaged data; ``X reason``: it could not be opened; ``E message``: decoding failed. The next
+  video follows.
 
 The parent writes a slot number on stdin when it has finished with that slot. The child decodes ahead
 into free slots and waits for one when none is left, so memory stays bounded; a video with larger frames
@@ -85,13 +89,18 @@ class _OpenCV:
     """Frames as OpenCV reads them: BGR, decoded straight into the slot where they fit."""
 
     layout = "bgr"
+    declared = 0  # OpenCV's frame count is an estimate from the duration: nothing to hold a file to
+    damaged = False
 
-    def __init__(self, capture) -> None:
+    def __init__(self, capture, kind: str = "file") -> None:
         import cv2
         self.capture = capture
+        self.kind = kind  # file | camera | images
         self.fps = capture.get(cv2.CAP_PROP_FPS) or 0.0
         self.count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
         self.size: Optional[tuple] = None  # the last frame's (h, w): the next one's, most likely
+        self.time: Optional[float] = None  # the last frame's presentation (a camera's: capture) time
+        self._clock0: Optional[float] = None
 
     @staticmethod
     def shape(h: int, w: int) -> tuple:
@@ -105,11 +114,18 @@ class _OpenCV:
 
     def read(self, target):
         """The next frame, decoded into ``target(h, w)`` (a view of a slot) where it fits, or None at the end."""
+        import cv2
         into = target(*self.size) if self.size is not None else None
         ok, frame = self.capture.read(into) if into is not None else self.capture.read()
         if not ok:
             return None
         self.size = frame.shape[:2]
+        if self.kind == "camera":  # the capture time, on a clock that only goes forward
+            now = time.monotonic()
+            self._clock0 = now if self._clock0 is None else self._clock0
+            self.time = now - self._clock0
+        elif self.kind == "file":  # FFmpeg's backend: this frame's presentation time from the stream's start
+            self.time = self.capture.get(cv2.CAP_PROP_POS_MSEC) / 1000.0
         return frame
 
     def close(self) -> None:
@@ -128,7 +144,11 @@ class _PyAV:
         stream.codec_context.thread_count = decoding_threads()
         rate = stream.average_rate or stream.guessed_rate or 0
         self.fps = float(rate)
-        self.count = int(stream.frames or 0)
+        self.count = self.declared = int(stream.frames or 0)
+        self.damaged = False
+        # Presentation times count from the stream's first (a container may start it past zero).
+        self.t0 = float(stream.start_time * stream.time_base) if stream.start_time is not None else 0.0
+        self.time: Optional[float] = None
         if not self.count and stream.duration and rate:
             self.count = int(stream.duration * stream.time_base * rate)
         self.start = start
@@ -154,6 +174,7 @@ class _PyAV:
                 continue  # decoded from the key frame before the start
             if frame.format.name not in ("yuv420p", "yuvj420p"):
                 frame = frame.reformat(format="yuv420p")
+            self.time = frame.time - self.t0 if frame.time is not None else None
             return frame
         return None
 
@@ -177,7 +198,8 @@ class _PyAV:
         """The next frame's planes copied into ``target(h, w)`` (a view of a slot) or a new array; None at the end."""
         try:
             frame = self._next()
-        except self.error:  # damaged from here on: the frames so far are kept, as OpenCV's reader does
+        except self.error:  # damaged from here on: the frames so far are kept and the parent is told
+            self.damaged = True
             return None
         return None if frame is None else self.planes(frame, target)
 
@@ -222,6 +244,18 @@ def open_pyav(source: str, start: float = 0.0):
         return None
 
 
+def presentation_times(source: str) -> list:
+    """The presentation time (seconds from the stream's start) of each frame of a file, in display order,
+    from its packets alone (nothing is decoded): for decoders that do not say, such as NVDEC."""
+    import av
+    with av.open(source) as container:
+        stream = container.streams.video[0]
+        t0 = stream.start_time
+        pts = sorted(p.pts for p in container.demux(stream) if p.pts is not None and p.size)
+        t0 = pts[0] if t0 is None and pts else (t0 or 0)
+        return [float((p - t0) * stream.time_base) for p in pts]
+
+
 def _slot_file(spec: dict, slot_bytes: int):
     """``(slots, path, mmap)`` in the first folder with room (shared memory first), or ``(0, None, None)``.
 
@@ -247,7 +281,8 @@ def _slot_file(spec: dict, slot_bytes: int):
 
 
 def _open(video: dict):
-    """``(reader, first frame as decoded, seconds it took)`` of one video; reader None: it cannot be opened."""
+    """``(reader, first frame as decoded, seconds it took)`` of one video; reader None: it cannot be opened.
+    ``reader.time`` is the first frame's presentation time until the next read."""
     source = video["source"]
     reader = None
     if isinstance(source, str) and "%" not in source:
@@ -261,7 +296,8 @@ def _open(video: dict):
     capture = open_capture(source, video["start"])
     if not capture.isOpened():
         return None, None, 0.0
-    reader = _OpenCV(capture)
+    kind = "camera" if isinstance(source, int) else "images" if "%" in source else "file"
+    reader = _OpenCV(capture, kind)
     t0 = time.perf_counter()
     first = reader.read(lambda h, w: None)  # the slots are sized by the first frame itself (cameras may not say)
     return reader, first, time.perf_counter() - t0
@@ -309,7 +345,7 @@ def main(spec: dict) -> int:
             if first is None:
                 reader.close()
                 say(f"I {fps} {count} 0 0 0 - {reader.layout}")
-                say("D")
+                say(f"D 0 {reader.declared} {int(reader.damaged)}")
                 continue
             h, w = reader.dims(first)
             named = "="  # the slots so far serve this video too
@@ -362,15 +398,16 @@ def main(spec: dict) -> int:
                     h, w = reader.dims(frame)
                     produced += 1
                     index += 1
+                    shown = "-" if reader.time is None else f"{reader.time:.6f}"
                     if frame.nbytes > slot_bytes:  # the video grew: this frame goes through the pipe
-                        say(f"B {h} {w} {seconds:.6f}", frame.tobytes())
+                        say(f"B {h} {w} {seconds:.6f} {shown}", frame.tobytes())
                         free.appendleft(slot)
                         continue
                     target = view(slot, frame.shape)
                     if frame.ctypes.data != target.ctypes.data:
                         np.copyto(target, frame)
-                    say(f"F {slot} {h} {w} {seconds:.6f}")
-                say("D")
+                    say(f"F {slot} {h} {w} {seconds:.6f} {shown}")
+                say(f"D {produced} {reader.declared} {int(reader.damaged)}")
             except BrokenPipeError:
                 raise
             except Exception as exc:  # one line for the parent to report; the next video goes on

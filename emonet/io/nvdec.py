@@ -53,7 +53,7 @@ class NvdecVideo:
             raise Unsupported(f"NVDEC cannot open it ({str(exc).strip().splitlines()[0]})") from None
 
     def _probe(self, path: str) -> None:
-        from .decode_worker import open_pyav
+        from .decode_worker import open_pyav, presentation_times
         reader = open_pyav(path)
         if reader is None:
             raise Unsupported("not a file PyAV hands over as 4:2:0 planes")
@@ -67,9 +67,11 @@ class NvdecVideo:
             if first is None:
                 raise Unsupported("no frame decoded, or a rotation to apply")
             self.fps, self.frame_count, self.layout = reader.fps, reader.count, reader.layout
+            self.declared = reader.declared
             self.shape = (first.height, first.width, 3)
         finally:
             reader.close()
+        self.times = presentation_times(path)
 
     def next_batch(self) -> list[torch.Tensor]:
         """Up to :data:`BATCH` next frames, each ``(H * 3 // 2, W)`` uint8 NV12 on the GPU, ordered on

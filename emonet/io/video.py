@@ -114,6 +114,16 @@ class Frame:
         return torch.from_numpy(self.image).to(device, non_blocking=True)
 
 
+@dataclass
+class Ending:
+    """How a video's frames ended: how many were read, how many the container declares (0: it does not
+    say), and whether decoding stopped at damaged data."""
+
+    produced: int
+    declared: int = 0
+    damaged: bool = False
+
+
 class _Decoder:
     """Decoding in a child process (``decode_worker.py``: PyAV, else OpenCV); frames come back through shared memory.
 
@@ -141,12 +151,14 @@ class _Decoder:
         self.slot_views: list[np.ndarray] = []
         self._registered = None
         self.at_end = True  # every message of the current video has been read
+        self.ending: Optional[Ending] = None  # the current video's, once read to its end
 
     def next_video(self, source: Union[str, int]) -> None:
         """Read the next video's header: :attr:`fps`, :attr:`frame_count`, :attr:`shape` (``(H, W, 3)`` of its
         first frame, then of the last one read; zeros: no frame) and :attr:`layout`; an :class:`InputError`
         when it cannot be opened."""
         self.source = source
+        self.ending = None
         line = self._line()
         if line[0] == "X":
             camera = isinstance(source, int)
@@ -181,27 +193,32 @@ class _Decoder:
     def _shape(self, h: int, w: int) -> tuple:
         return (h, w, 3) if self.layout == "bgr" else (h * 3 // 2, w)
 
-    def frames(self) -> Iterator[tuple[np.ndarray, float, Optional[int]]]:
-        """``(frame as decoded, seconds its decoding took, slot)`` in order (BGR ``(H, W, 3)``, or I420
-        ``(H * 3 // 2, W)`` planes, as :attr:`layout` says); hand each slot back with :meth:`release`."""
+    def frames(self) -> Iterator[tuple[np.ndarray, float, Optional[int], Optional[float]]]:
+        """``(frame as decoded, seconds its decoding took, slot, presentation time or None)`` in order (BGR
+        ``(H, W, 3)``, or I420 ``(H * 3 // 2, W)`` planes, as :attr:`layout` says); hand each slot back with
+        :meth:`release`. At the end, :attr:`ending` says how the video ended."""
         while True:
             line = self._line()
             kind = line[0]
             if kind == "F":
-                _, slot, h, w, seconds = line.split(" ")
+                _, slot, h, w, seconds, shown = line.split(" ")
                 slot, shape = int(slot), self._shape(int(h), int(w))
                 self.shape = (int(h), int(w), 3)
-                yield self.slot_views[slot][:int(np.prod(shape))].reshape(shape), float(seconds), slot
+                yield (self.slot_views[slot][:int(np.prod(shape))].reshape(shape), float(seconds), slot,
+                       None if shown == "-" else float(shown))
             elif kind == "B":
-                _, h, w, seconds = line.split(" ")
+                _, h, w, seconds, shown = line.split(" ")
                 shape = self._shape(int(h), int(w))
                 self.shape = (int(h), int(w), 3)
                 size = int(np.prod(shape))
                 data = bytearray(self.process.stdout.read(size))
                 if len(data) != size:
                     raise RuntimeError(self._why("?"))
-                yield np.frombuffer(data, np.uint8).reshape(shape), float(seconds), None
+                yield (np.frombuffer(data, np.uint8).reshape(shape), float(seconds), None,
+                       None if shown == "-" else float(shown))
             elif kind == "D":
+                _, produced, declared, damaged = line.split(" ")
+                self.ending = Ending(int(produced), int(declared), damaged == "1")
                 self.at_end = True
                 return
             else:
@@ -223,7 +240,7 @@ class _Decoder:
         if self.at_end:
             return
         try:
-            for _, _, slot in self.frames():
+            for _, _, slot, _ in self.frames():
                 self.release(slot)
         except RuntimeError:  # an error ends the video as well
             pass
@@ -326,6 +343,9 @@ class VideoReader:
             raise InputError(f"{source}: --start {start:g} s is past the end of the video "
                              f"({self.frame_count / self.fps:.2f} s, {self.frame_count} frames)")
         self.decode_seconds = 0.0
+        self.frames_read = 0
+        self.ending: Optional[Ending] = None  # how the frames ended, once read to the end
+        self._camera = camera
         self._queue: "queue.Queue[Optional[Frame]]" = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._done = threading.Event()  # _run has ended: this video's frames are all taken from the decoder
@@ -348,6 +368,23 @@ class VideoReader:
         n = max(0, last - self.first_index)
         return min(n, self.max_frames) if self.max_frames else n
 
+    @property
+    def shortfall(self) -> Optional[str]:
+        """Why the frames read are not the whole video asked for, or None: decoding stopped at damaged data,
+        or the file ended before the frame count it declares. (Known once its frames are all read.)"""
+        ending = self.ending
+        if ending is None or self._camera:
+            return None
+        limited = self.end is not None or (self.max_frames is not None and self.frames_read >= self.max_frames)
+        wanted = ending.declared - self.first_index
+        short = not limited and ending.declared and self.frames_read < wanted
+        if short:
+            return (f"read {self.frames_read} of the {wanted} frames the file declares"
+                    + (" (decoding stopped at damaged data)" if ending.damaged else " (truncated?)"))
+        if ending.damaged:
+            return f"decoding stopped at damaged data after {self.frames_read} frames"
+        return None
+
     def _put(self, frame: Frame) -> None:
         while not self._stop.is_set():
             try:
@@ -367,14 +404,20 @@ class VideoReader:
                 self._decoder.skip()  # stopped early: the next video's header comes after this one's frames
             self._done.set()
 
+    def _time(self, index: int, shown: Optional[float]) -> float:
+        """A frame's timestamp: its presentation time where the source gives one, else its index over the rate."""
+        return shown if shown is not None else index / self.fps
+
     def _put_rgb(self, indices: Sequence[int], yuv: torch.Tensor, stream: "torch.cuda.Stream", nv12: bool = False,
-                 hosts: Optional[Sequence[Optional[np.ndarray]]] = None) -> None:
+                 hosts: Optional[Sequence[Optional[np.ndarray]]] = None,
+                 times: Optional[Sequence[Optional[float]]] = None) -> None:
         """Frames ``indices`` from one conversion of their planes ``yuv`` on ``stream``, each a view of the result."""
         rgb = i420_to_rgb(yuv, *colours(self._layout), nv12=nv12)
         ready = torch.cuda.Event()
         ready.record(stream)
         for k, i in enumerate(indices):
-            self._put(Frame(i, i / self.fps, host=hosts[k] if hosts else None, pixels=rgb[k], ready=ready))
+            self._put(Frame(i, self._time(i, times[k] if times else None), host=hosts[k] if hosts else None,
+                            pixels=rgb[k], ready=ready))
 
     def _take_decoded(self) -> None:
         """The decoding process's frames, uploaded (on a GPU) and queued."""
@@ -383,7 +426,7 @@ class VideoReader:
         stream = torch.cuda.Stream(self.device) if self.device is not None else None
         if stream is not None:
             torch.cuda.set_stream(stream)  # current streams are per thread: this one's, for good
-        group: list[tuple[int, Optional[np.ndarray]]] = []  # I420 frames uploaded, not yet converted
+        group: list[tuple[int, Optional[np.ndarray], Optional[float]]] = []  # I420 frames uploaded, not converted
         raw: Optional[torch.Tensor] = None
 
         def convert() -> None:
@@ -391,19 +434,20 @@ class VideoReader:
             nonlocal raw
             if not group:
                 return
-            self._put_rgb([i for i, _ in group], raw[:len(group)], stream, hosts=[host for _, host in group])
+            self._put_rgb([i for i, _, _ in group], raw[:len(group)], stream, hosts=[host for _, host, _ in group],
+                          times=[t for _, _, t in group])
             group.clear()
             raw = None
 
-        for array, seconds, slot in self._decoder.frames():
+        for array, seconds, slot, shown in self._decoder.frames():
             if self._stop.is_set():  # (--end and --max-frames: the decoding process stops there)
                 self._decoder.release(slot)
                 break
             self.decode_seconds += seconds
-            # Timestamps from the index: some backends report the *next* frame's time.
             self.frame_shape = self._decoder.shape
+            self.frames_read += 1
             if stream is None:
-                frame = Frame(index, index / self.fps, host=host_rgb(array, colour))
+                frame = Frame(index, self._time(index, shown), host=host_rgb(array, colour))
             elif colour is None:
                 # Uploaded as decoded and turned into RGB on the GPU: no CPU colour conversion unless a
                 # host copy is wanted, made while the upload runs.
@@ -412,7 +456,7 @@ class VideoReader:
                 ready.record(stream)
                 host = host_rgb(array, colour) if self.keep_host else None
                 ready.synchronize()  # the slot is reused once this returns
-                frame = Frame(index, index / self.fps, host=host, pixels=pixels, ready=ready)
+                frame = Frame(index, self._time(index, shown), host=host, pixels=pixels, ready=ready)
             else:
                 if raw is not None and tuple(raw.shape[1:]) != array.shape:
                     convert()  # the video changed size
@@ -421,7 +465,7 @@ class VideoReader:
                 raw[len(group)].copy_(torch.from_numpy(array), non_blocking=True)
                 uploaded = torch.cuda.Event()
                 uploaded.record(stream)
-                group.append((index, host_rgb(array, colour) if self.keep_host else None))
+                group.append((index, host_rgb(array, colour) if self.keep_host else None, shown))
                 uploaded.synchronize()  # the slot is reused once this returns
                 frame = None
             self._decoder.release(slot)
@@ -431,6 +475,7 @@ class VideoReader:
                 convert()
             index += 1
         convert()
+        self.ending = self._decoder.ending
 
     def _take_nvdec(self) -> None:
         """NVDEC's frames, a batch at a time, converted where they are and queued."""
@@ -450,9 +495,14 @@ class VideoReader:
                 same = next((k for k, p in enumerate(planes) if p.shape != planes[0].shape), len(planes))
                 h, w = planes[0].shape
                 self.frame_shape = (h * 2 // 3, w, 3)
-                self._put_rgb(range(index, index + same), torch.stack(planes[:same]), stream, nv12=True)
+                times = self._nvdec.times[index:index + same]  # from the packets (NVDEC does not say)
+                self._put_rgb(range(index, index + same), torch.stack(planes[:same]), stream, nv12=True,
+                              times=times if len(times) == same else None)
                 index += same
+                self.frames_read += same
                 planes = planes[same:]
+        limited = self.max_frames is not None and index >= self.max_frames or self.end is not None
+        self.ending = Ending(index, 0 if limited else self._nvdec.declared)
 
     def _put_end(self) -> None:
         while True:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 from typing import Optional, Union
 
@@ -40,7 +39,7 @@ def provenance(engine) -> dict:
     return {"emonet_version": __version__, "torch_version": torch.__version__,
             "weights": weights_record(engine.weights_source), "classes": list(engine.class_names),
             "engine": engine.config.name, "precision": engine.config.precision,
-            "device": f"{device} ({name})", "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "device": f"{device} ({name})"}
 
 
 def sidecar_path(output: Union[str, Path]) -> Path:

@@ -13,10 +13,10 @@ from .config import PRESETS, EngineConfig
 from .core import Engine
 from .check import Agreement, agreement, compare, conditioned_model, real_face_crops, true_fp32, varied_face_crops
 from .forward import StreamedForward, model_input, split_outputs
-from .transforms import EngineNet, engine_net, fold_batchnorm, fold_input_scale, fold_stack_tails, fuse_stack_ends, pad_stem_input, \
+from .transforms import EngineNet, engine_net, fold_batchnorm, fold_stack_tails, fuse_stack_ends, pad_stem_input, \
     pointwise_max_pools
 
 __all__ = ["PRESETS", "EngineConfig", "Engine", "Agreement", "agreement", "compare", "conditioned_model", "real_face_crops", "true_fp32",
            "varied_face_crops", "StreamedForward", "model_input",
-           "split_outputs", "EngineNet", "engine_net", "fold_batchnorm", "fold_input_scale", "fold_stack_tails", "fuse_stack_ends",
+           "split_outputs", "EngineNet", "engine_net", "fold_batchnorm", "fold_stack_tails", "fuse_stack_ends",
            "pad_stem_input", "pointwise_max_pools"]

@@ -25,7 +25,7 @@ from .compile import compiler
 from .config import EngineConfig
 from .forward import StreamedForward, no_cudnn_autotuning, packed_forward, packed_forward_heatmaps, \
     split_outputs
-from .transforms import engine_net, fold_batchnorm, fold_input_scale, fold_stack_tails, fuse_stack_ends, pad_stem_input, \
+from .transforms import engine_net, fold_batchnorm, fold_stack_tails, fuse_stack_ends, pad_stem_input, \
     pointwise_max_pools
 
 
@@ -49,7 +49,7 @@ class Engine:
 
         net = engine_net(model)  # the one copy: the transforms below change it in place
         if self.config.fold_bn:
-            fold_input_scale(fold_stack_tails(fold_batchnorm(net, inplace=True), inplace=True), inplace=True)
+            fold_stack_tails(fold_batchnorm(net, inplace=True), inplace=True)
         if self.device.type == "cuda" and self.config.channels_last:
             pad_stem_input(net, inplace=True)
             if self.config.fold_bn:

@@ -19,15 +19,13 @@ from .transforms import EngineNet
 
 
 def model_input(model: EngineNet, x: torch.Tensor) -> torch.Tensor:
-    """Crops (uint8 in [0, 255], or float in [0, 1]) in the model's dtype, scale and memory layout.
+    """Crops (uint8 in [0, 255], or float in [0, 1]) in the model's dtype and memory layout.
 
     Both are read off the model's first weight, which the engine converted to them. Inside compiled
     code this becomes one fused kernel instead of three or four small ones.
     """
     weight = model.conv1.weight
-    if getattr(model, "pixel_input", False):  # fold_input_scale: whole pixel values, exact in any dtype
-        x = x.to(weight.dtype) if x.dtype == torch.uint8 else x.float().mul(255.0).to(weight.dtype)
-    elif x.dtype == torch.uint8:
+    if x.dtype == torch.uint8:
         x = x.float().div(255.0)
     x = x.to(weight.dtype)
     if weight.shape[1] > x.shape[1]:  # pad_stem_input: zero channels up to what the convolution takes

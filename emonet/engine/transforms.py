@@ -56,11 +56,8 @@ class EngineNet(EmoNet):
     """EmoNet whose stack tails and head also run the folded forms the transforms below leave behind.
 
     Where a transform replaced modules (``tail{i}``, ``head_x``, ``last{i}``), the replaced ones are
-    ``None``; untransformed, it computes exactly what :class:`EmoNet` does. ``pixel_input``: the first
-    convolution takes pixel values in [0, 255] (:func:`fold_input_scale`).
+    ``None``; untransformed, it computes exactly what :class:`EmoNet` does.
     """
-
-    pixel_input = False
 
     def stack_tail(self, i: int, hg: torch.Tensor, previous: torch.Tensor):
         """After stack ``i``'s hourglass: its features, its heatmap and the next stack's input."""
@@ -102,7 +99,6 @@ def engine_net(model: EmoNet) -> EngineNet:
         net = EngineNet(model.n_expression, model.attention)
     net.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
     net.weights_source = model.weights_source
-    net.pixel_input = getattr(model, "pixel_input", False)
     return net.eval()
 
 
@@ -133,21 +129,6 @@ def fold_batchnorm(model: EmoNet, inplace: bool = False) -> EngineNet:
     for conv_name, bn_name in pairs:
         setattr(model, conv_name, _fold(getattr(model, conv_name), getattr(model, bn_name)))
         setattr(model, bn_name, nn.Identity())
-    return model
-
-
-@torch.no_grad()
-def fold_input_scale(model: EmoNet, inplace: bool = False) -> EngineNet:
-    """A copy of ``model`` (``inplace``: ``model`` itself) that takes pixel values in [0, 255] instead of
-    [0, 1]: the 1/255 is folded into the first convolution's weights (exact up to rounding).
-
-    Whole numbers up to 255 are exact in fp16 and bf16, where ``k / 255`` is not: in fp16 the rounding of
-    the input alone was about a third of the network's whole difference from fp32 on real faces.
-    """
-    model = _own(model, inplace)
-    if not model.pixel_input:
-        model.conv1.weight.div_(255.0)
-        model.pixel_input = True
     return model
 
 

@@ -15,6 +15,8 @@ from emonet.io.images import InputError
 
 from .test_video import probe, top_level_boxes
 
+pytestmark = pytest.mark.slow  # end-to-end: the tools in processes of their own
+
 SIZE = (240, 160)  # width, height
 
 

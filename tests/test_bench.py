@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # end-to-end: the tools in processes of their own
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -14,6 +14,8 @@ from emonet.io.images import InputError
 
 from .test_video import make_clip
 
+pytestmark = pytest.mark.slow  # end-to-end: the tools in processes of their own
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["--weights", "random", "--device", "cpu", "--batch-size", "4"]
 

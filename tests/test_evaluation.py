@@ -12,6 +12,8 @@ from emonet.engine.check import SAMPLE_PHOTO
 from emonet.evaluation.loop import PUBLISHED, published_table
 from tests.affectnet_fixture import make_affectnet
 
+pytestmark = pytest.mark.slow  # end-to-end: the tools in processes of their own
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -124,3 +126,53 @@ def test_published_table_layout():
     assert "ACC" in lines[0] and "V CCC" in lines[0] and "A SAGR" in lines[0]
     assert lines[2].startswith("published (8 classes)") and "0.750" in lines[2] and "0.820" in lines[2]
     assert lines[3].startswith("this run") and "0.500" in lines[3]
+
+
+def _two_faces(path: Path) -> Path:
+    """A photo with the sample's face twice: large on the left edge, small near the centre."""
+    import cv2
+
+    face = cv2.imread(str(SAMPLE_PHOTO))[40:240, 140:310]
+    canvas = np.full((480, 900, 3), 90, np.uint8)
+    canvas[40:440, 0:340] = cv2.resize(face, (340, 400))
+    canvas[170:310, 390:510] = cv2.resize(face, (120, 140))
+    cv2.imwrite(str(path), canvas)
+    return path
+
+
+def test_several_faces_are_said_and_the_face_rule_chooses(ckpt_dir, tmp_path):
+    photo = _two_faces(tmp_path / "two.png")
+    (tmp_path / "labels.csv").write_text(f"path,valence\n{photo},0.4\n{SAMPLE_PHOTO},-0.1\n")
+    boxes = {}
+    for rule in ("largest", "central"):
+        run = evaluate("--dataset", "csv", "--csv", tmp_path / "labels.csv", "--weights", ckpt_dir / "emonet_8.pth",
+                       "--device", "cpu", "--workers", "0", "--face", rule, "--predictions", tmp_path / f"{rule}.csv")
+        assert run.returncode == 0, run.stderr
+        assert "note: 1 image held several faces" in run.stderr and "--face score|largest|central" in run.stderr
+        row = next(r for r in csv.DictReader((tmp_path / f"{rule}.csv").open()) if r["path"].endswith("two.png"))
+        assert int(row["faces_found"]) >= 2
+        boxes[rule] = float(row["x2"]) - float(row["x1"])
+    assert boxes["largest"] > 1.5 * boxes["central"], boxes
+
+
+def test_nothing_to_score_is_an_error_unless_predictions_only(ckpt_dir, tmp_path):
+    (tmp_path / "paths.csv").write_text(f"path\n{SAMPLE_PHOTO}\n")
+    common = ("--dataset", "csv", "--csv", tmp_path / "paths.csv", "--weights", ckpt_dir / "emonet_8.pth",
+              "--device", "cpu", "--workers", "0")
+    run = evaluate(*common)
+    assert run.returncode == 2 and "no labels to score against" in run.stderr and "Traceback" not in run.stderr
+    run = evaluate(*common, "--predictions", tmp_path / "p.csv")
+    assert run.returncode == 0 and "predictions only, nothing scored" in run.stderr, run.stderr
+    assert len(list(csv.DictReader((tmp_path / "p.csv").open()))) == 1
+
+
+def test_half_a_box_is_an_error_naming_the_line(tmp_path):
+    (tmp_path / "half.csv").write_text(f"path,valence,x1,y1,x2,y2\n{SAMPLE_PHOTO},0.1,1,2,3,4\n{SAMPLE_PHOTO},0.2,10,20,,\n")
+    run = evaluate("--dataset", "csv", "--csv", tmp_path / "half.csv", "--weights", "random", "--device", "cpu")
+    assert run.returncode == 2 and "half.csv:3: a box needs all of x1, y1, x2, y2" in run.stderr, run.stderr
+
+
+def test_argument_errors_are_one_line_pointing_to_help():
+    run = evaluate("--dataset", "csv", "--csv", "x.csv", "--batch-size", "0")
+    assert run.returncode == 2 and run.stderr.strip().count("\n") == 0, run.stderr
+    assert "--batch-size must be at least 1, not 0 (see " in run.stderr and "--help)" in run.stderr

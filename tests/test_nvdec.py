@@ -15,6 +15,8 @@ from emonet.engine.check import SAMPLE_PHOTO
 from emonet.io import nvdec
 from emonet.io.video import VideoReader
 
+pytestmark = pytest.mark.slow  # end-to-end: the tools in processes of their own
+
 needs_nvdec = pytest.mark.skipif(not (torch.cuda.is_available() and nvdec.available()),
                                  reason="needs an NVIDIA GPU and PyNvVideoCodec")
 

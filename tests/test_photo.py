@@ -140,3 +140,15 @@ def test_refine_recrops_from_the_landmarks(engine):
     refined = Pipeline(eng, BlazeFaceDetector("cpu"), refine=True)([image])[0][0]
     assert not np.allclose(plain.matrix, refined.matrix)
     assert np.allclose(refined.box, emonet.geometry.landmarks_box(refined.landmarks))
+
+
+def test_the_bundled_sample_photo_is_reachable_from_any_folder(tmp_path):
+    # As after `pip install .`: the README's quick-start line, run outside the checkout.
+    code = "import sys; from emonet.apps.photo import main; sys.exit(main(prog='emonet-photo'))"
+    run = subprocess.run([sys.executable, "-c", code, "--image", "sample", "--weights", "random", "--device", "cpu",
+                          "--json", "faces.json"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads((tmp_path / "faces.json").read_text())
+    assert doc["images"][0]["image"] == str(SAMPLE_PHOTO) and len(doc["images"][0]["faces"]) == 1
+    assert doc["weights"]["untrained"] is True and doc["precision"] == "fp32" and doc["emonet_version"]
+    assert "1 image, 1 face," in run.stderr

@@ -12,7 +12,8 @@ from torch import nn
 
 from emonet.engine import precompile
 
-pytestmark = pytest.mark.skipif(not precompile.available(), reason="this torch has no precompile API")
+pytestmark = [pytest.mark.skipif(not precompile.available(), reason="this torch has no precompile API"),
+              pytest.mark.slow]  # end-to-end: processes of their own
 
 ROOT = Path(__file__).resolve().parent.parent
 

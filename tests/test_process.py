@@ -14,6 +14,8 @@ from emonet.io.images import InputError
 from .test_canvas import NAMES, face
 from .test_video import probe, top_level_boxes
 
+pytestmark = pytest.mark.slow  # end-to-end: the tools in processes of their own
+
 DEVICE = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
 
 

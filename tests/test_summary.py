@@ -52,3 +52,16 @@ def test_plots_drawn_by_a_process_of_their_own_are_the_same_and_failures_are_rep
     failed = plots.wait()
     assert list(failed) == [str(tmp_path / "missing" / "folder.png")]
     assert np.array_equal(read_image(tmp_path / "there.png"), read_image(tmp_path / "here.png"))
+
+
+def test_summary_rows_say_no_face_with_the_frame_count_and_untrained_weights():
+    from emonet.summary import summary_rows
+
+    empty = VideoSummary("quiet.mp4", class_names(8), 25.0, untrained=True)
+    for _ in range(10):
+        empty.add(0.0, [])
+    empty.note = None
+    (row,) = summary_rows(empty.to_dict())
+    assert row["frames"] == 10 and row["note"] == "no face" and row["untrained"] == 1 and row["error"] == ""
+    (failed,) = summary_rows({"video": "bad.mp4", "error": "bad.mp4: not a video"})
+    assert failed["frames"] == 0 and failed["error"] and failed["untrained"] == ""

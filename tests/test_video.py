@@ -14,6 +14,8 @@ import torch
 
 from emonet.engine.check import SAMPLE_PHOTO
 
+pytestmark = pytest.mark.slow  # end-to-end: the tools in processes of their own
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -463,3 +465,28 @@ def test_a_truncated_video_says_so_keeps_its_frames_and_exits_1(tmp_path, ckpt_d
     assert r.returncode == 0 and "warning: " not in r.stderr.replace("warning: untrained", ""), r.stderr
     meta = json.loads((tmp_path / "rows.meta.json").read_text())
     assert meta["complete"] is True and meta["weights"] == {"source": "random", "sha256": None, "untrained": True}
+
+
+def test_the_readmes_camera_line_prints_rows_with_numbered_images_for_the_camera(tmp_path):
+    # README: `python demo_video.py --video 0`; numbered images stand in for the camera here.
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    face = cv2.resize(cv2.imread(str(SAMPLE_PHOTO)), (160, 160))
+    for i in range(6):
+        canvas = np.full((200, 320, 3), 50, np.uint8)
+        canvas[20:180, 10 + 20 * i:170 + 20 * i] = face
+        cv2.imwrite(str(folder / f"{i:04d}.png"), canvas)
+    readme = (ROOT / "README.md").read_text()
+    assert "python demo_video.py --video 0  " in readme
+    r = demo_video("--video", folder / "%04d.png", "--weights", "random", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(r.stdout.splitlines()))
+    assert sorted({int(row["frame"]) for row in rows}) == list(range(6)) and rows[0]["face_id"] != ""
+
+
+def test_argument_errors_are_one_line_each(clip):
+    for argv, message in [(("--batch-size", "0"), "--batch-size must be at least 1, not 0"),
+                          (("--start", "5", "--end", "2"), "--end (2 s) must come after --start (5 s)")]:
+        r = demo_video("--video", clip, *argv)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+        assert "(see " in r.stderr and "usage:" not in r.stderr

@@ -19,6 +19,7 @@ from typing import Optional
 from tqdm import tqdm
 
 from ..io.images import InputError, check_writable_dir
+from ..cli import plural
 from ..provenance import provenance
 from ..summary import PlotProcess, VideoSummary, write_summary_csv
 from ..timing import StartupClock
@@ -181,7 +182,7 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     share = shares(counts, dist.world)[dist.rank]
     mine = [todo[i] for i in share]
     if dist.rank == 0:
-        print(f"{len(videos)} videos: {len(done)} skipped (outputs complete; --force redoes them), "
+        print(f"{plural(len(videos), 'video')}: {len(done)} skipped (outputs complete; --force redoes them), "
               f"{len(todo)} to process" + (f" on {dist.world} processes" if dist.world > 1 else ""), file=err)
     get_pipeline = LazyPipeline(args, job=sum(counts[i] for i in share))  # the warm-up fits the whole share
 
@@ -256,7 +257,7 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     if mine and get_pipeline.pipeline is not None:
         print(f"rank {dist.rank}: " if dist.world > 1 else "", end="", file=err)
         flowing = (last - first) if first is not None else 0.0
-        print(f"{len(mine) - len(errors)} videos, {frames} frames: {frames / max(flowing, 1e-9):.1f} frames/s from the "
+        print(f"{plural(len(mine) - len(errors), 'video')}, {plural(frames, 'frame')}: {frames / max(flowing, 1e-9):.1f} frames/s from the "
               f"first frame to the last ({flowing:.2f} s), {frames / max(wall, 1e-9):.1f} frames/s with the model's "
               f"load and warm-up ({wall:.1f} s)", file=err)
         print(startup.format("first results"), file=err)
@@ -286,7 +287,7 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
             names = class_names(args.nclasses or 8)
         write_summary_csv(out_dir / "summary.csv", records, names)
         failed = sum(1 for r in records if r.get("error"))
-        print(f"summary: {out_dir / 'summary.csv'} ({len(videos) - failed} videos"
+        print(f"summary: {out_dir / 'summary.csv'} ({plural(len(videos) - failed, 'video')}"
               + (f", {failed} failed" if failed else "") + ")", file=err)
     return 130 if interrupted else 1 if all_errors or short else 0
 

@@ -7,6 +7,7 @@ import sys
 from typing import Optional
 
 from ..evaluation.loop import run
+from ..cli import ToolParser
 from .common import add_model_arguments, run_tool
 
 EXAMPLES = """examples:
@@ -19,7 +20,7 @@ EXAMPLES = """examples:
 def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> argparse.Namespace:
     """The evaluation tool's command line."""
     workers = min(4, os.cpu_count() or 1)
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Evaluate EmoNet: ACC, macro-F1, per-class accuracy and confusion matrix for expression; "
                     "RMSE, SAGR, PCC and CCC for valence and arousal. Runs under torchrun to use several GPUs.")
@@ -38,12 +39,19 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                         help=f"DataLoader processes that decode and warp (default: {workers}, the cores up to 4)")
     parser.add_argument("--skip-missing", action="store_true",
                         help="evaluate without missing or unreadable images (or, for CSV, images with no face found)")
+    parser.add_argument("--face", choices=("score", "largest", "central"), default="score",
+                        help="where the detector finds several faces in an image (CSV rows without a box): "
+                             "evaluate the one it scores highest (default), the largest, or the one nearest "
+                             "the centre; the console says how many images had several")
     parser.add_argument("--report", metavar="FILE", help="all metrics and counts as JSON")
-    parser.add_argument("--predictions", metavar="FILE", help="one CSV row per sample")
+    parser.add_argument("--predictions", metavar="FILE", help="one CSV row per sample (a CSV without labels: "
+                                                              "predictions only)")
     add_model_arguments(parser)
     args = parser.parse_args(argv)
-    if args.batch_size < 1 or args.workers < 0:
-        parser.error("--batch-size must be at least 1 and --workers at least 0")
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be at least 1, not {args.batch_size}")
+    if args.workers < 0:
+        parser.error(f"--workers must be 0 or more, not {args.workers}")
     return args
 
 

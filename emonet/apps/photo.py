@@ -11,6 +11,7 @@ from typing import Optional
 
 from tqdm import tqdm
 
+from ..engine.check import SAMPLE_PHOTO
 from ..provenance import provenance
 from ..drawing import annotate
 from ..io.atomic import write_text
@@ -19,6 +20,7 @@ from ..models.weights import UNTRAINED_LABEL
 from ..pipeline import Pipeline
 from ..results import FaceResult, face_record, photo_fields, photo_row
 from ..timing import LatencyTimer, StartupClock
+from ..cli import ToolParser, plural
 from .common import add_model_arguments, build_detector, build_engine, run_tool
 
 
@@ -50,7 +52,8 @@ def _annotated_name(path: Path, folder: Path, used: set) -> Path:
 def run(args: argparse.Namespace) -> int:
     """Process every image; return the exit code (1 when some image could not be read)."""
     startup = StartupClock()
-    paths = collect_images(args.image)
+    # "sample": the photo that ships with the package (scikit-image's astronaut), from any folder.
+    paths = collect_images([str(SAMPLE_PHOTO) if p == "sample" else p for p in args.image])
     out_file, out_dir = _output_plan(args.output, len(paths))
     if args.json and args.json != "-":
         check_writable_dir(Path(args.json).parent if str(Path(args.json).parent) else Path("."))
@@ -116,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             writer.writerow({**row, **({"untrained": 1} if engine.untrained else {})})
         write_text(args.csv, buffer.getvalue())
     n_faces = sum(len(r["faces"]) for r in records)
-    print(f"\n{len(paths)} image(s), {n_faces} face(s), {failures} unreadable", file=sys.stderr)
+    print(f"\n{plural(len(paths), 'image')}, {plural(n_faces, 'face')}, {failures} unreadable", file=sys.stderr)
     print(image_timer.summary().format("whole pipeline (detect + crop + EmoNet) per image", "image"),
           file=sys.stderr)
     print(face_timer.summary().format("crop + EmoNet per image", "face"), file=sys.stderr)
@@ -139,6 +142,7 @@ def _report(path: Path, faces: list[FaceResult], names, untrained: bool) -> None
 
 
 EXAMPLES = """examples:
+  %(prog)s --image sample --weights random             # the photo that ships with the package, untrained weights
   %(prog)s --image photo.jpg --weights random          # try it without the released weights
   %(prog)s --image photo.jpg --output annotated.jpg --json faces.json
   %(prog)s --image photos/ "more/*.png" --output annotated/ --json -
@@ -147,12 +151,13 @@ EXAMPLES = """examples:
 
 def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> argparse.Namespace:
     """The photo tool's command line."""
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Find every face in photos and report its expression, valence, arousal and 68 landmarks "
                     "(EmoNet). Text goes to stderr; --json - writes JSON to stdout.")
     parser.add_argument("--image", nargs="+", required=True, metavar="PATH",
-                        help="image files, folders (searched recursively) or glob patterns")
+                        help="image files, folders (searched recursively) or glob patterns; 'sample' is the "
+                             "photo that ships with the package")
     parser.add_argument("--json", metavar="FILE", help="write results as JSON to FILE ('-' for stdout)")
     parser.add_argument("--csv", metavar="FILE",
                         help="write one row per face per image to FILE: image, face index, box, score, expression "

@@ -42,6 +42,7 @@ from ..results import FaceResult, frame_fields, frame_row
 from ..summary import VideoSummary
 from ..runtime import select_device
 from ..timing import LatencyTimer, StartupClock
+from ..cli import ToolParser
 from .common import add_model_arguments, build_detector, build_engine, run_tool
 
 # This process: emonet: track, crop, network; hand-over: the frames to the drawing process; drawing wait: for
@@ -70,9 +71,11 @@ class RowWriter:
         self.fields += list(self.extra)
         self.files: list[AtomicFile] = []
         self.csv = self.jsonl = None
+        self.stdout = csv_path == "-"  # rows on standard output, as they come
         if csv_path:
-            self.files.append(AtomicFile(csv_path))
-            self.csv = csv.writer(self.files[-1].file)
+            if not self.stdout:
+                self.files.append(AtomicFile(csv_path))
+            self.csv = csv.writer(sys.stdout if self.stdout else self.files[-1].file)
             self.csv.writerow(self.fields)
         if jsonl_path:
             self.files.append(AtomicFile(jsonl_path))
@@ -91,6 +94,8 @@ class RowWriter:
         """Push finished rows to disk, so an interruption keeps them."""
         for f in self.files:
             f.file.flush()
+        if self.stdout:
+            sys.stdout.flush()
 
     def close(self, keep: bool = True) -> None:
         """Finish the files and rename them into place (``keep=False``: delete them instead)."""
@@ -533,7 +538,7 @@ def run(args: argparse.Namespace) -> int:
     startup = StartupClock()
     source = args.video[0]
     for path in (args.output, args.csv, args.jsonl):
-        if path:
+        if path and path != "-":
             check_writable_dir(Path(path).parent if str(Path(path).parent) else Path("."))
     if args.output:
         check_video_name(args.output, args.codec)
@@ -545,7 +550,7 @@ def run(args: argparse.Namespace) -> int:
             return 130
         raise no_frames(source)
     _summary(job, job.reader, result)
-    rows = args.csv or args.jsonl
+    rows = args.jsonl if args.csv in (None, "-") else args.csv
     if rows:  # what made these rows, and whether they are the whole video
         meta = write_sidecar(rows, provenance(job.engine), {
             "video": source, "frames": job.frames, "declared_frames": (job.reader.ending.declared or None)
@@ -580,7 +585,7 @@ def _summary(job: VideoJob, reader: VideoReader, run: VideoRun) -> None:
     if drawn is not None and drawn.resized:
         print("note: the video changed frame size; frames were resized to the first frame's size", file=err)
     for path, what in ((video, "annotated video"), (job.outputs.csv, "CSV"), (job.outputs.jsonl, "JSONL")):
-        if path:
+        if path and path != "-":
             print(f"{what}: {path}", file=err)
     print(job.timer.summary().format(f"crop + EmoNet per batch (up to {job.args.batch_size} frames)", "frame"), file=err)
     if job.engine.untrained:
@@ -593,13 +598,14 @@ EXAMPLES = """examples:
   torchrun --nproc-per-node 2 %(prog)s --video recordings/ --out-dir results/   # shared over 2 GPUs
   %(prog)s --video clip.mp4 --csv frames.csv --landmarks --start 10 --end 20
   %(prog)s --video clip.mp4 --jsonl frames.jsonl --weights random     # try it without the released weights
-  %(prog)s --video 0 --output camera.mp4                              # a camera
+  %(prog)s --video 0                                                  # a camera: rows on the terminal
+  %(prog)s --video 0 --csv camera.csv --output camera.mp4             # a camera, kept
 """
 
 
 def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> argparse.Namespace:
     """The video tool's command line."""
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Stream a video (or camera) through face detection, tracking and EmoNet; write per-frame "
                     "results and an annotated video. Ctrl-C or SIGTERM stops cleanly, keeping every finished "
@@ -607,7 +613,7 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     parser.add_argument("--video", required=True, nargs="+", metavar="VIDEO",
                         help="video file, numbered images (\"frames/%%04d.png\") or a camera index such as 0; with "
                              "--out-dir: any number of files, folders and glob patterns")
-    out = parser.add_argument_group("outputs (at least one)")
+    out = parser.add_argument_group("outputs (none given: the rows on standard output)")
     out.add_argument("--output", metavar="FILE", help="annotated video at the source's frame rate (.mp4; also .mov, "
                                                       ".mkv, .avi)")
     out.add_argument("--codec", choices=CODECS, default="h264",
@@ -617,7 +623,8 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                      help="processes that encode the annotated video, each a segment at a time (default: 1, "
                           "with x264's frame threads on three quarters of the cores, up to 12; mp4v: 1)")
     out.add_argument("--csv", metavar="FILE", help="one row per face per frame (a frame with no face: one row "
-                                                   "with empty values)")
+                                                   "with empty values); - for standard output, the default "
+                                                   "when nothing else is to be written")
     out.add_argument("--jsonl", metavar="FILE", help="the same rows as JSON lines")
     out.add_argument("--landmarks", action="store_true", help="add the 68 landmarks to the rows")
     many = parser.add_argument_group("many videos in one run (the model loads once; torchrun shares them over GPUs)")
@@ -650,11 +657,14 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                            help="temporal smoothing per face, a weighted mean of the last 5 outputs (default: on)")
     add_model_arguments(parser)
     args = parser.parse_args(argv)
-    if (args.batch_size < 1 or args.detect_every < 1 or (args.max_frames is not None and args.max_frames < 1)
-            or (args.video_workers is not None and args.video_workers < 1)):
-        parser.error("--batch-size, --detect-every, --max-frames and --video-workers must be at least 1")
-    if args.start < 0 or (args.end is not None and args.end <= args.start):
-        parser.error("--start must be >= 0 and --end after --start")
+    for name in ("batch_size", "detect_every", "max_frames", "video_workers"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+    if args.start < 0:
+        parser.error(f"--start must be 0 or more seconds, not {args.start:g}")
+    if args.end is not None and args.end <= args.start:
+        parser.error(f"--end ({args.end:g} s) must come after --start ({args.start:g} s)")
     if args.decoder == "nvdec" and not nvdec.available():
         parser.error("--decoder nvdec needs NVIDIA's PyNvVideoCodec (pip install PyNvVideoCodec) and an NVIDIA GPU")
     if args.no_video and args.output:
@@ -669,7 +679,7 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     if len(args.video) > 1 or any(c in args.video[0] for c in "*?[") or Path(args.video[0]).is_dir():
         parser.error(f"{' '.join(args.video)}: several videos (or a folder or pattern) need --out-dir DIR")
     if not (args.output or args.csv or args.jsonl):
-        parser.error("nothing to write: give --csv, --jsonl and/or --output (or --out-dir for summaries and plots)")
+        args.csv = "-"  # nothing to keep asked for: the rows go to the terminal (a camera's first look)
     return args
 
 

@@ -3,7 +3,8 @@
 Every mode runs in fresh processes: once with empty on-disk caches (what a first-time user pays) and
 once again with the caches the first run left (what every later start pays). Each process reports
 start-up, warm-up, first-call latency, steady-state batch-1 latency (CUDA events), throughput at
-several batch sizes, peak GPU memory, and whether its outputs agree with fp32 eager on real face crops.
+several batch sizes, peak GPU memory, and how far its outputs are from true fp32 on real face crops, on a
+well-conditioned checkpoint (emonet.engine.conditioned_model).
 """
 from __future__ import annotations
 
@@ -18,6 +19,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
+from ..cli import ToolParser
+
+EXAMPLES = """examples:
+  emonet-bench                                   # the released way and every engine mode, this GPU
+  emonet-bench --device cpu --quick              # a first look on a CPU (a few minutes on 2 cores)
+  emonet-bench --modes released,fp16-graph,compile-streams-graph --batch-sizes 8,128,512
+  emonet-bench --photo --photo-repeat 3          # one photo, from process start, every way
+  emonet-bench --video clip.mp4 --video-repeat 3 # a video end to end, analysis and annotated
+  emonet-bench --profile fp16-graph:16           # the kernels of one mode at one batch size
+  (python -m emonet.bench does the same)
+"""
 
 
 def process_start() -> float:
@@ -94,7 +107,7 @@ def run_child(args: argparse.Namespace) -> dict:
     """Measure one mode in this (fresh) process and return the numbers."""
     import torch
     from ..models.weights import load_model
-    from ..engine import Engine, EngineConfig, compare, real_face_crops
+    from ..engine import Engine, EngineConfig, compare, conditioned_model, real_face_crops, varied_face_crops
     from ..runtime import RuntimeConfig, configure
     from ..timing import LatencyTimer, time_calls
 
@@ -154,8 +167,13 @@ def run_child(args: argparse.Namespace) -> dict:
                                          warmup=0 if args.quick else calls).throughput
     result["throughput"] = throughput
 
-    if mode.engine:  # fast modes are checked against fp32 eager on real face crops
-        agreement = compare(engine, model.to(device), real_face_crops(8 if args.quick else 32).to(device))
+    if mode.engine:
+        # Agreement where it shows: the same mode built on a checkpoint whose outputs spread over real faces
+        # (random weights barely move between faces), against true fp32 on the crops it was not fitted to.
+        faces = varied_face_crops(16 if args.quick else 64)
+        conditioned = conditioned_model(faces[::2], device=device)
+        check = Engine(conditioned, device, config, log=lambda msg: None)
+        agreement = compare(check, conditioned, faces[1::2].to(device))
         result["check"] = agreement.format()
         result["check_ok"] = agreement.ok
     return result
@@ -582,10 +600,11 @@ def _engines(text: str) -> list[str]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of ``python -m emonet.bench``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m emonet.bench",
+    parser = ToolParser(
+        prog="emonet-bench", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Benchmark EmoNet: the released way (eager fp32, batch 1) against each engine mode. "
-                    "Each mode runs in fresh processes, with cold then warm on-disk caches.")
+                    "Each mode runs in fresh processes, with cold then warm on-disk caches; each mode's "
+                    "difference from true fp32 is measured on a well-conditioned checkpoint.")
     parser.add_argument("--device", default=None, help="cuda:0 (default when a GPU exists) or cpu")
     parser.add_argument("--weights", default="random",
                         help="checkpoint path, 'pretrained' or 'random' (default: random; timings do not "
@@ -596,7 +615,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--batch-sizes", default=None, type=_batch_sizes,
                         help="throughput batch sizes, comma-separated (default 8,32,128,256)")
     parser.add_argument("--iters", type=int, default=None, help="timed batch-1 calls per mode (default 200)")
-    parser.add_argument("--quick", action="store_true", help="few iterations and small batches (CPU: < 1 min)")
+    parser.add_argument("--quick", action="store_true", help="few iterations, batch 8 only, agreement on 8 crops: a first look (on 2 CPU cores "
+                             "it takes a few minutes, most of it building each mode's conditioned checkpoint)")
     parser.add_argument("--no-warm-rerun", action="store_true",
                         help="skip the second, warm-cache process of compiled modes")
     parser.add_argument("--json", default=None, metavar="FILE",

@@ -101,7 +101,7 @@ class Sample:
     valence: float = float("nan")
     arousal: float = float("nan")
     box: Optional[np.ndarray] = None  # for the CSV dataset's detector convention
-    faces_found: Optional[int] = None  # faces the detector found (the best-scoring one is evaluated)
+    faces_found: Optional[int] = None  # faces the detector found (the one evaluated: --face)
 
 
 class FaceDataset(Dataset):
@@ -121,6 +121,11 @@ class FaceDataset(Dataset):
         crop = warp_crops(image, [s.matrix])[0]
         return (torch.from_numpy(crop).permute(2, 0, 1).contiguous(), s.label,
                 float(s.valence), float(s.arousal), index)
+
+    @property
+    def labelled(self) -> bool:
+        """Whether any sample has a label to score against (an expression, a valence or an arousal)."""
+        return any(s.label >= 0 or np.isfinite(s.valence) or np.isfinite(s.arousal) for s in self.samples)
 
     def missing(self) -> list[Path]:
         """Samples whose image file is absent or empty (checked before a run)."""
@@ -229,7 +234,11 @@ def csv_dataset(csv_path: Path, root: Optional[Path], class_names: Sequence[str]
                 if pts.size != 136:
                     raise DatasetError(f"{where}: landmarks need 136 numbers, found {pts.size}")
                 matrix = box_to_matrix(landmarks_box(pts.reshape(68, 2)), LANDMARK_REFERENCE_SCALE)
-            elif all(row.get(c, "").strip() for c in _BOX_COLUMNS):
+            elif any(row.get(c, "").strip() for c in _BOX_COLUMNS):
+                given = [c for c in _BOX_COLUMNS if row.get(c, "").strip()]
+                if len(given) < len(_BOX_COLUMNS):
+                    raise DatasetError(f"{where}: a box needs all of {', '.join(_BOX_COLUMNS)}; this row gives only "
+                                       f"{', '.join(given)}")
                 box = np.array([_number(row[c], where) for c in _BOX_COLUMNS])
                 matrix = box_to_matrix(box, S3FD_REFERENCE_SCALE, DETECTOR_SHIFT)
             samples.append(Sample(base / row[path_col].strip(), matrix,

@@ -27,7 +27,9 @@ from tqdm import tqdm
 from .datasets import DatasetError, FaceDataset, affectnet, csv_dataset
 from ..pipeline import Pipeline, PlannedFace
 from ..results import FaceResult
+from ..cli import plural
 from ..io.atomic import write_text
+from ..provenance import provenance
 from ..io.images import InputError, check_writable_dir, read_image
 from .metrics import evaluate_predictions
 
@@ -163,8 +165,27 @@ def predictions_csv(dataset: FaceDataset, preds: Predictions) -> str:
     return buf.getvalue()
 
 
-def locate_faces(dataset: FaceDataset, pipeline: Pipeline, progress: bool = True) -> tuple[list, list]:
-    """Give rows without a box or landmarks a crop from the pipeline's detector: its best face.
+FACE_CHOICES = ("score", "largest", "central")
+
+
+def choose_face(detections: np.ndarray, shape: tuple, rule: str = "score") -> np.ndarray:
+    """The one face of an image to evaluate, as a ``(1, 5)`` detection: the detector's best-scoring
+    (``score``), the largest box (``largest``), or the one whose centre is nearest the image's (``central``)."""
+    if len(detections) <= 1 or rule == "score":
+        return detections[:1]
+    boxes = detections[:, :4]
+    if rule == "largest":
+        key = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+        return detections[[int(np.argmax(key))]]
+    centre = np.array([shape[1] / 2, shape[0] / 2])
+    distance = np.linalg.norm((boxes[:, :2] + boxes[:, 2:]) / 2 - centre, axis=1)
+    return detections[[int(np.argmin(distance))]]
+
+
+def locate_faces(dataset: FaceDataset, pipeline: Pipeline, progress: bool = True,
+                 rule: str = "score") -> tuple[list, list]:
+    """Give rows without a box or landmarks a crop from the pipeline's detector: one face per image, chosen
+    by ``rule`` (:func:`choose_face`).
 
     Returns the images with no face found, and those that could not be read at all.
     """
@@ -177,7 +198,7 @@ def locate_faces(dataset: FaceDataset, pipeline: Pipeline, progress: bool = True
             unreadable.append(s.path)
             continue
         detections = pipeline.detector.detect([image])[0]
-        planned = pipeline.plan([image], [detections[:1]])
+        planned = pipeline.plan([image], [choose_face(detections, image.shape, rule)])
         s.faces_found = len(detections)
         if planned:
             s.box, s.matrix = planned[0].box, planned[0].matrix
@@ -227,7 +248,15 @@ def run(args: argparse.Namespace) -> int:
         pipeline = Pipeline(engine)
         if any(s.matrix is None for s in dataset.samples):
             pipeline = Pipeline(engine, build_detector(args, engine))
-            no_face, unreadable = locate_faces(dataset, pipeline, progress=not quiet)
+            no_face, unreadable = locate_faces(dataset, pipeline, progress=not quiet, rule=args.face)
+            several = sum(1 for s in dataset.samples if (s.faces_found or 0) > 1)
+            counts["several_faces"] = several
+            if several and not quiet:
+                which = {"score": "the one the detector scored highest", "largest": "the largest",
+                         "central": "the one nearest the image's centre"}[args.face]
+                print(f"note: {plural(several, 'image')} held several faces; {which} was scored in each "
+                      f"(--face score|largest|central chooses; a box column names the face; --predictions lists "
+                      f"each image's faces_found and box)", file=sys.stderr)
             if unreadable and not args.skip_missing:
                 raise DatasetError(f"{len(unreadable)} images could not be read (corrupt or not an image: "
                                    f"{unreadable[0]}, ...); fix them or pass --skip-missing")
@@ -238,6 +267,9 @@ def run(args: argparse.Namespace) -> int:
             counts["no_face"], counts["unreadable"] = len(no_face), len(unreadable)
         if not len(dataset):
             raise DatasetError("no samples left to evaluate")
+        if not dataset.labelled and not args.predictions:
+            raise DatasetError(f"{dataset.name} has no labels to score against (no expression, valence or arousal "
+                               f"values): add them, or give --predictions FILE to write predictions only")
 
         preds, rate = predict(pipeline, dataset, flip=not args.no_flip, batch_size=args.batch_size,
                               workers=args.workers, ddp=ddp, progress=not quiet)
@@ -245,16 +277,19 @@ def run(args: argparse.Namespace) -> int:
             return 0
         metrics = score(dataset, preds)
         table = published_table(metrics, n_classes if args.dataset == "affectnet" else None)
-        print(f"\n{dataset.name}: {len(preds.index)} samples, {rate:.1f} images/s on {ddp.world} process(es)"
-              f"{' with flip' if not args.no_flip else ''}\n{table}", file=sys.stderr)
+        if not dataset.labelled:
+            table = "no labels: predictions only, nothing scored"
+        print(f"\n{dataset.name}: {plural(len(preds.index), 'sample')}, {rate:.1f} images/s on "
+              f"{plural(ddp.world, 'process', 'processes')}{' with flip' if not args.no_flip else ''}\n{table}",
+              file=sys.stderr)
         if "expression" in metrics:
             print(f"macro-F1 {metrics['expression']['macro_F1']:.3f}", file=sys.stderr)
         if engine.untrained:
             print("note: untrained weights — these metrics are meaningless", file=sys.stderr)
         if args.report:
             report = {"dataset": dataset.name, "counts": counts, "n": int(len(preds.index)),
-                      "flip": not args.no_flip, "weights": engine.weights_source, "untrained": engine.untrained,
-                      "engine": engine.config.name, "device": str(engine.device), "processes": ddp.world,
+                      "flip": not args.no_flip, **provenance(engine), "untrained": engine.untrained,
+                      "processes": ddp.world,
                       "images_per_s": rate, "metrics": metrics,
                       "published": PUBLISHED.get(n_classes) if args.dataset == "affectnet" else None}
             write_text(args.report, json.dumps(report, indent=2) + "\n")

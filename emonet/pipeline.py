@@ -197,9 +197,10 @@ class PendingChunk:
 class VideoPipeline:
     """Frames in chunks -> per frame, its faces' results, with tracking between detections.
 
-    The detector runs on every ``detect_every``-th frame, and on the next frame whenever a face was lost;
-    faces are tracked with stable ids (:class:`~emonet.tracking.Tracker`), and between detections each
-    face is cropped from its last landmarks by the training convention. Within a chunk, a frame between
+    The detector runs on every ``detect_every``-th frame, and on the next frame whenever a face was lost or
+    its landmarks broke the bounds its last detection sets; faces are tracked with stable ids
+    (:class:`~emonet.tracking.Tracker`), and between detections each face is cropped from its last
+    landmarks' box by the training convention, held to its last detection (:func:`~emonet.tracking.bound_box`). Within a chunk, a frame between
     detections takes the landmarks of the last chunk's frames (a trade of crop freshness for batching:
     ``batch_size=1`` uses the previous frame's); detected frames are the same at any chunk size.
 
@@ -216,7 +217,7 @@ class VideoPipeline:
         self.smooth = smooth
         self.tracker = tracker or Tracker()
         self.need_detection = True
-        self.since_detection = 0
+        self.seen = 0  # frames of the video so far: the periodic detections fall on the same frames at any chunk size
         # The detector gets a stream of its own: a chunk's detection then runs beside, and waits for
         # nothing of, the previous chunk's EmoNet work; high priority, so its few small kernels get the
         # SMs as EmoNet's blocks finish instead of queueing behind all of them.
@@ -230,12 +231,15 @@ class VideoPipeline:
             return self.detector.launch([f.on_device(self.engine.device, self.det_stream) for f in frames])
 
     def detect(self, chunk: list) -> tuple[list[bool], object]:
-        """Decide which frames of the chunk run the detector, and queue it on them (``launch`` collects)."""
+        """Decide which frames of the chunk run the detector, and queue it on them (``launch`` collects).
+
+        Every ``detect_every``-th frame of the video, counted from its first, whatever the chunks; and the
+        next frame whenever a face was lost or its landmarks broke their bounds (:func:`emonet.tracking.bound_box`).
+        """
         flags = []
         for _ in chunk:
-            is_det = self.need_detection or self.since_detection >= self.detect_every - 1
-            flags.append(is_det)
-            self.since_detection = 0 if is_det else self.since_detection + 1
+            flags.append(self.need_detection or self.seen % self.detect_every == 0)
+            self.seen += 1
             self.need_detection = False
         picked = [f for f, d in zip(chunk, flags) if d]
         return flags, (self._launch_detector(picked) if picked else None)
@@ -254,7 +258,7 @@ class VideoPipeline:
         for i, (frame, is_det) in enumerate(zip(chunk, flags)):
             if is_det:
                 dets = next(detections)
-                for track in self.tracker.update(dets[:max_faces] if max_faces else dets):
+                for track in self.tracker.update(dets[:max_faces] if max_faces else dets, frame.index):
                     box = track.box.copy()  # a snapshot: a later frame of the chunk moves the track on
                     planned.append(PlannedFace(i, frame.index, track.id, box, track.score, True,
                                                self.detector.crop_matrix(box, frame.shape)))
@@ -266,7 +270,8 @@ class VideoPipeline:
                     matrix = track.crop_matrix()
                     if matrix is None:
                         matrix = self.detector.crop_matrix(track.box, frame.shape)
-                    planned.append(PlannedFace(i, frame.index, track.id, None, track.score, False, matrix))
+                    # No detector score: the detector did not see this frame (rows say detected=0).
+                    planned.append(PlannedFace(i, frame.index, track.id, None, float("nan"), False, matrix))
                     tracks.append(track)
         if self.det_stream is not None and planned:  # uploaded once (by the reader), shared with the detector
             stream = torch.cuda.current_stream(self.engine.device)
@@ -281,11 +286,12 @@ class VideoPipeline:
         results = self.pipeline.collect(chunk.pending, smoothers)
         per_frame: list[list[FaceResult]] = [[] for _ in chunk.frames]
         for face, result, track in zip(chunk.pending.faces, results, chunk.tracks):
-            track.set_landmarks(result.landmarks)
+            if not track.set_landmarks(result.landmarks, face.frame) and not result.detected:
+                self.need_detection = True  # the landmarks' box broke its bounds: the detector looks again
             h, w = chunk.frames[face.image].shape[:2]
+            x1, y1, x2, y2 = result.box  # the landmarks' own box on a tracked frame
             if not result.detected:
-                track.box = result.box
-            x1, y1, x2, y2 = result.box
+                track.box = result.box = track.crop_box.copy()  # reported as bounded as it is cropped
             if x2 < 0 or y2 < 0 or x1 > w or y1 > h or (x2 - x1) < 8:
                 self.need_detection = True  # the face left the frame or collapsed: look again
             per_frame[face.image].append(result)

@@ -64,8 +64,9 @@ def frame_row(face: Optional[FaceResult], frame: int, timestamp: float, class_na
     """One row of :func:`frame_fields`; ``face=None`` is the row of a frame with no face (empty values)."""
     if face is None:
         return {"frame": frame, "timestamp": round(timestamp, 4)}
-    values = [frame, round(timestamp, 4), face.face_id, int(face.detected), round(face.score, 4),
-              *np.round(face.box, 2).tolist(), class_names[face.expression],
+    # A tracked frame's face has no detector score of its own: the column stays empty (null in JSON).
+    values = [frame, round(timestamp, 4), face.face_id, int(face.detected),
+              round(face.score, 4) if face.detected else None, *np.round(face.box, 2).tolist(), class_names[face.expression],
               *np.round(face.probabilities, 5).tolist(), round(face.valence, 5), round(face.arousal, 5)]
     if landmarks:
         values += np.round(face.landmarks, 2).ravel().tolist()  # lm0_x, lm0_y, lm1_x, ...

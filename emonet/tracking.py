@@ -15,6 +15,36 @@ from .geometry import box_to_matrix, landmarks_box
 
 SMOOTHING_WEIGHTS = np.array([0.1, 0.1, 0.15, 0.25, 0.4])
 
+# Between detections a face is cropped from EmoNet's own landmarks; poor landmarks (a turned head, an
+# occlusion, weights that do not fit the footage) would let the box drift and grow frame after frame. It
+# is held to its last detection: its size within this factor either way, its centre moving at most
+# MAX_SPEED face sizes a frame since then (a head crossing a 30 frames/s view in well under a second).
+MAX_SCALE = 1.5
+MAX_SPEED = 0.25
+
+
+def _size(box: np.ndarray) -> float:
+    return float((box[2] - box[0]) + (box[3] - box[1])) / 2
+
+
+def bound_box(box: np.ndarray, reference: np.ndarray, frames: int) -> tuple[np.ndarray, bool]:
+    """``box`` held to ``reference`` (the last detection, ``frames`` frames ago): its size within
+    :data:`MAX_SCALE` either way and its centre within ``MAX_SPEED * frames`` face sizes; returns the box
+    and whether it was within those bounds already."""
+    box = np.asarray(box, np.float64)
+    size, ref_size = max(_size(box), 1e-6), max(_size(reference), 1e-6)
+    scale = float(np.clip(size / ref_size, 1 / MAX_SCALE, MAX_SCALE))
+    centre, ref_centre = (box[:2] + box[2:]) / 2, (reference[:2] + reference[2:]) / 2
+    shift, limit = centre - ref_centre, MAX_SPEED * ref_size * max(frames, 1)
+    distance = float(np.hypot(*shift))
+    ok = abs(scale - size / ref_size) < 1e-9 and distance <= limit
+    if ok:
+        return box, True
+    if distance > limit:
+        centre = ref_centre + shift * (limit / distance)
+    half = (box[2:] - box[:2]) / 2 * (scale * ref_size / size)
+    return np.concatenate([centre - half, centre + half]), False
+
 
 class Smoother:
     """Spec §6 temporal smoothing of one face's raw outputs."""
@@ -57,17 +87,25 @@ class Track:
     smoother: Smoother = field(default_factory=Smoother)
     missed: int = 0                       # detection frames in a row without a match
     detected_since: bool = True           # the detector saw it after its last landmarks were read
+    det_frame: int = 0                    # the frame of the latest detection
+    crop_box: Optional[np.ndarray] = None  # the last landmarks' box, held to the latest detection
 
     def crop_matrix(self) -> Optional[np.ndarray]:
-        """The training-convention crop from the last landmarks; None when the detector box is newer."""
-        if self.landmarks is None or self.detected_since:
+        """The training-convention crop from the last landmarks' (bounded) box; None when the detector box
+        is newer."""
+        if self.crop_box is None or self.detected_since:
             return None
-        return box_to_matrix(landmarks_box(self.landmarks))
+        return box_to_matrix(self.crop_box)
 
-    def set_landmarks(self, landmarks: np.ndarray) -> None:
-        """EmoNet's landmarks of the face's latest frame: the next crops come from them."""
+    def set_landmarks(self, landmarks: np.ndarray, frame: Optional[int] = None) -> bool:
+        """EmoNet's landmarks of the face's frame ``frame``: the next crops come from their box, held to the
+        latest detection (:func:`bound_box`). False when the box broke those bounds: look for the face again."""
         self.landmarks = landmarks
         self.detected_since = False
+        frames = 0 if frame is None else frame - self.det_frame
+        reference = self.det_box if self.det_box is not None else self.box
+        self.crop_box, ok = bound_box(landmarks_box(landmarks), reference, frames)
+        return ok
 
 
 class Tracker:
@@ -89,8 +127,9 @@ class Tracker:
         """Tracks matched at the last detection: the faces to predict."""
         return [t for t in self.tracks if t.missed == 0]
 
-    def update(self, detections: np.ndarray) -> list[Track]:
-        """Match ``(k, 5)`` detections to tracks (new ids for the unmatched); return the active tracks."""
+    def update(self, detections: np.ndarray, frame: int = 0) -> list[Track]:
+        """Match ``(k, 5)`` detections of frame ``frame`` to tracks (new ids for the unmatched); return the
+        active tracks."""
         pairs = sorted(((self._affinity(t, d[:4]), ti, di)
                         for ti, t in enumerate(self.tracks) for di, d in enumerate(detections)), reverse=True)
         matched_t, matched_d = set(), set()
@@ -102,16 +141,16 @@ class Tracker:
             t = self.tracks[ti]
             t.box = t.det_box = detections[di][:4].astype(np.float64)
             t.score, t.missed = float(detections[di][4]), 0
-            t.detected_since = True
+            t.detected_since, t.det_frame = True, frame
         for ti, t in enumerate(self.tracks):
             if ti not in matched_t:
                 t.missed += 1
-                t.landmarks = None  # stale: a re-found face is re-cropped from its detector box
+                t.landmarks = t.crop_box = None  # stale: a re-found face is re-cropped from its detector box
         self.tracks = [t for t in self.tracks if t.missed <= self.max_missed]
         for di, d in enumerate(detections):
             if di not in matched_d:
                 box = d[:4].astype(np.float64)
-                self.tracks.append(Track(self._next_id, box, float(d[4]), det_box=box))
+                self.tracks.append(Track(self._next_id, box, float(d[4]), det_box=box, det_frame=frame))
                 self._next_id += 1
         return self.active
 

@@ -59,3 +59,40 @@ def test_crops_come_from_whichever_is_newer_the_landmarks_or_the_detector_box():
     assert track.crop_matrix() is None
     track.set_landmarks(landmarks + 4)
     assert np.allclose(track.crop_matrix(), box_to_matrix(landmarks_box(landmarks + 4)))
+
+
+def test_a_tracked_box_stays_bounded_when_the_landmarks_go_wrong():
+    from emonet.tracking import MAX_SCALE, MAX_SPEED, bound_box
+
+    tracker = Tracker()
+    det = np.array([300.0, 200.0, 630.0, 560.0])  # a 330 x 360 face, detected at frame 10
+    (track,) = tracker.update(np.array([[*det, 0.95]]), frame=10)
+    rng = np.random.default_rng(1)
+    size = ((det[2] - det[0]) + (det[3] - det[1])) / 2
+    flagged = []
+    for k in range(1, 40):
+        # Landmarks that balloon (the box grows 15 % a frame) and wander off to one side.
+        grow = 1.15 ** k
+        centre = np.array([465.0 + 40 * k, 380.0])
+        points = centre + rng.uniform(-1, 1, (68, 2)) * (size / 2) * grow
+        flagged.append(not track.set_landmarks(points, frame=10 + k))
+        box = track.crop_box
+        w, h = box[2] - box[0], box[3] - box[1]
+        assert (w + h) / 2 <= MAX_SCALE * size + 1e-6 and (w + h) / 2 >= size / MAX_SCALE - 1e-6
+        shift = np.hypot(*((box[:2] + box[2:]) / 2 - (det[:2] + det[2:]) / 2))
+        assert shift <= MAX_SPEED * size * k + 1e-6
+        assert np.allclose(track.crop_matrix(), box_to_matrix(box))
+    assert flagged[0] is False and all(flagged[5:])  # small drift passes; the balloon is caught: re-detect
+    # Landmarks within the bounds are taken as they are.
+    good = landmarks_box(np.array([[310.0, 210.0], [620.0, 550.0]]))
+    kept, ok = bound_box(good, det, 1)
+    assert ok and np.array_equal(kept, good)
+
+
+def test_a_redetection_resets_the_bounds_to_the_new_box():
+    tracker = Tracker()
+    (track,) = tracker.update(np.array([[100.0, 100.0, 200.0, 200.0, 0.9]]), frame=0)
+    far = np.array([[400.0, 100.0], [500.0, 200.0]])
+    assert not track.set_landmarks(far, frame=1)  # 3 face sizes in one frame: implausible
+    (moved,) = tracker.update(np.array([[380.0, 100.0, 480.0, 200.0, 0.9]]), frame=2)  # the detector finds it
+    assert moved.set_landmarks(far, frame=3)  # near the new detection: within bounds

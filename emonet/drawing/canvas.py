@@ -87,7 +87,7 @@ class VideoCanvas:
         each with its valence/arousal trail (oldest first); ``colors``: per image, a colour per face (the
         face's mark on the panel). Returns ``(len(images), width * height * 3 // 2)`` uint8, I420 planes."""
         if self._planner is None:
-            self._planner = Planner(self.class_names)
+            self._planner = Planner(self.class_names, banner=bool(self.banner))
         return self.render(images, self._planner.plan([tuple(i.shape[:2]) for i in images], faces, colors))
 
     def render(self, images: Sequence[torch.Tensor], marks: ChunkMarks) -> torch.Tensor:

@@ -16,7 +16,7 @@ from typing import Hashable, Optional, Sequence
 import numpy as np
 
 from ..results import CROP_SIZE, FaceResult
-from .opencv import circumplex_xy, disc_sprite, face_marks, no_face, text_origin, text_sprite
+from .opencv import banner_height, circumplex_xy, disc_sprite, no_face, place_faces, text_origin, text_sprite
 
 LANDMARK_COLOR = (0, 255, 255)
 PANEL_GREY = 24
@@ -89,8 +89,9 @@ class Planner:
     resizes its pixels).
     """
 
-    def __init__(self, class_names: Sequence[str]) -> None:
+    def __init__(self, class_names: Sequence[str], banner: bool = False) -> None:
         self.class_names = list(class_names)
+        self.banner = banner  # a banner across the top: marks go below it
         self.shape: Optional[tuple[int, int]] = None
         self._atlas: dict[Hashable, tuple[int, int]] = {}  # key -> (first pixel, width) in the atlas
         self._atlas_size = 0
@@ -123,9 +124,11 @@ class Planner:
         # face's marks go. Every mark gets a number in drawing order: where dots overlap, the later is on top.
         found, places, trails, main, main_at, panel_points = [], [], [], [], [], []
         n = 0  # the next mark's number
+        top = banner_height(w) if self.banner else 0
         for b, (pairs, palette) in enumerate(zip(faces, colors)):
-            for face, trail in pairs:
-                m = face_marks(face, self.class_names, (h, w), label=f"#{face.face_id}")
+            placed = place_faces([face for face, _ in pairs], self.class_names, (h, w), top,
+                                 [f"#{face.face_id}" for face, _ in pairs])
+            for (face, trail), m in zip(pairs, placed):
                 sprite(b, m.label, *m.label_at, frame_clip)
                 cx, cy = m.disc_center
                 sprite(b, disc_sprite(m.disc_radius), cx - m.disc_radius - 1, cy - m.disc_radius - 1, frame_clip,

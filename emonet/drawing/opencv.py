@@ -160,27 +160,84 @@ class FaceMarks:
         return max(2, self.disc_radius // 12)
 
 
+# Faces narrower than this get a one-line label in a small font (a classroom, a video-call gallery).
+COMPACT_BELOW = 80
+
+
 def face_marks(face: FaceResult, class_names: Sequence[str], shape: tuple[int, ...],
                label: Optional[str] = None) -> FaceMarks:
     """Where the box, the '<expression> <p>' and valence/arousal label, the landmarks and the circumplex of
-    ``face`` go in an image of ``shape``."""
+    ``face`` go in an image of ``shape``, alone (:func:`place_faces` places several so they do not collide)."""
+    return place_faces([face], class_names, shape, labels=[label])[0]
+
+
+def _label(face: FaceResult, class_names: Sequence[str], size: int, thick: int, label: Optional[str]) -> np.ndarray:
     color = _color(face.expression)
-    x1, y1, x2, y2 = (int(round(v)) for v in face.box)
-    size = max(x2 - x1, y2 - y1, 1)
-    thick = max(1, size // 120)
+    name, p = class_names[face.expression], face.probabilities[face.expression]
+    prefix = f"{label} " if label else ""
+    if size < COMPACT_BELOW:  # one short line: the class's first letters, valence and arousal
+        return label_sprite(((f"{prefix}{name[:3]} V{face.valence:+.1f} A{face.arousal:+.1f}", color),), 0.4, 1)
     # Plain min/max, not np.clip: this runs for every face of every drawn frame.
     fs = round(min(max(size / 250, 0.5), 1.2), 2)  # rounded: sprites of nearby sizes are shared
-    name, p = class_names[face.expression], face.probabilities[face.expression]
-    lines = ((f"{label + ' ' if label else ''}{name} {p:.2f}", color),
-             (f"V {face.valence:+.2f}  A {face.arousal:+.2f}", (255, 255, 255)))
-    sprite = label_sprite(lines, fs, thick)
+    lines = ((f"{prefix}{name} {p:.2f}", color), (f"V {face.valence:+.2f}  A {face.arousal:+.2f}", (255, 255, 255)))
+    return label_sprite(lines, fs, thick)
+
+
+def _overlap(a: tuple, rects: list) -> int:
+    """Area of ``a`` (x0, y0, x1, y1) covered by ``rects``, summed."""
+    total = 0
+    for b in rects:
+        w, h = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
+        if w > 0 and h > 0:
+            total += w * h
+    return total
+
+
+def _best(candidates: list, width: int, height: int, area: tuple, avoid: list) -> tuple[int, int]:
+    """The first candidate corner (x, y) of a ``width`` x ``height`` mark, moved inside ``area`` (x0, y0, x1,
+    y1), that covers nothing in ``avoid``; else the one that covers least."""
+    best, best_cost = None, None
+    for x, y in candidates:
+        x = min(max(x, area[0]), max(area[0], area[2] - width))
+        y = min(max(y, area[1]), max(area[1], area[3] - height))
+        cost = _overlap((x, y, x + width, y + height), avoid)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = (x, y), cost
+            if cost == 0:
+                break
+    return best
+
+
+def place_faces(faces: Sequence[FaceResult], class_names: Sequence[str], shape: tuple[int, ...], top: int = 0,
+                labels: Optional[Sequence[Optional[str]]] = None) -> list[FaceMarks]:
+    """Where every face's marks go in an image of ``shape``, so that no label or circumplex covers another
+    face or another face's marks where there is room: each inside the image and below ``top`` (a banner's
+    height). Larger faces are placed first; a face narrower than :data:`COMPACT_BELOW` gets a one-line label."""
     h, w = shape[:2]
-    lx = min(max(x1, 0), max(0, w - sprite.shape[1]))
-    ly = y1 - sprite.shape[0] if y1 - sprite.shape[0] >= 0 else y1  # above the box, else below its top
-    radius = int(min(max(size * 0.25, 18), 90))
-    cx = x2 + radius + 6 if x2 + 2 * radius + 6 < w else max(radius, x1 - radius - 6)
-    cy = min(max(y1 + radius, radius), h - radius - 1)
-    return FaceMarks(color, (x1, y1, x2, y2), thick, sprite, (lx, ly), max(1, size // 100), (cx, cy), radius)
+    area = (0, min(top, max(0, h - 1)), w, h)
+    boxes = [tuple(int(round(v)) for v in face.box) for face in faces]
+    placed: list[Optional[FaceMarks]] = [None] * len(faces)
+    taken: list[tuple] = []  # the labels and discs placed so far
+    for i in sorted(range(len(faces)), key=lambda k: -(boxes[k][2] - boxes[k][0])):
+        face, (x1, y1, x2, y2) = faces[i], boxes[i]
+        others = [b for k, b in enumerate(boxes) if k != i]
+        size = max(x2 - x1, y2 - y1, 1)
+        thick = max(1, size // 120)
+        sprite = _label(face, class_names, size, thick, labels[i] if labels is not None else None)
+        lh, lw = sprite.shape[:2]
+        # Above the box, below it, inside its top, then beside it.
+        lx, ly = _best([(x1, y1 - lh), (x1, y2 + 1), (x2 - lw, y1 - lh), (x2 - lw, y2 + 1), (x1, y1),
+                        (x2 + 2, y1), (x1 - lw - 2, y1)], lw, lh, area, others + taken)
+        taken.append((lx, ly, lx + lw, ly + lh))
+        radius = int(min(max(size * 0.25, 18), 90))
+        d = 2 * radius + 3
+        # Beside the box (right, then left), then below and above it.
+        dx, dy = _best([(x2 + 6, y1), (x1 - d - 6, y1), (x2 + 6, y2 - d), (x1 - d - 6, y2 - d),
+                        (x1, y2 + 6), (x1, y1 - d - 6)], d, d, area, others + taken + [(x1, y1, x2, y2)])
+        taken.append((dx, dy, dx + d, dy + d))
+        placed[i] = FaceMarks(_color(face.expression), (x1, y1, x2, y2), thick, sprite, (lx, ly),
+                              max(1, size // 100), (dx + radius + 1, dy + radius + 1), radius)
+    return placed
 
 
 def disc_points(points: np.ndarray, radius: int) -> tuple[np.ndarray, np.ndarray]:
@@ -218,7 +275,11 @@ def draw_circumplex(img: np.ndarray, center: tuple[int, int], radius: int, valen
 def draw_face(img: np.ndarray, face: FaceResult, class_names: Sequence[str], label: Optional[str] = None,
               landmarks: bool = True) -> None:
     """Box, '<expression> <p>' label, valence/arousal line, landmarks and a circumplex beside the box."""
-    marks = face_marks(face, class_names, img.shape, label)
+    draw_marks(img, face, face_marks(face, class_names, img.shape, label), landmarks)
+
+
+def draw_marks(img: np.ndarray, face: FaceResult, marks: FaceMarks, landmarks: bool = True) -> None:
+    """Draw a face's placed marks (:func:`place_faces`) on ``img``, in place."""
     x1, y1, x2, y2 = marks.box
     cv2.rectangle(img, (x1, y1), (x2, y2), marks.color, marks.thickness, cv2.LINE_AA)
     lay(img, marks.label, *marks.label_at)
@@ -227,11 +288,20 @@ def draw_face(img: np.ndarray, face: FaceResult, class_names: Sequence[str], lab
     draw_circumplex(img, marks.disc_center, marks.disc_radius, face.valence, face.arousal, marks.color)
 
 
+def banner_height(width: int) -> int:
+    """How tall :func:`banner_sprite` is for an image ``width`` wide."""
+    return int(30 * _banner_scale(width)) + 8
+
+
+def _banner_scale(width: int) -> float:
+    return round(float(np.clip(width / 1400, 0.4, 1.0)), 2)
+
+
 def banner_sprite(text: str, width: int) -> np.ndarray:
     """A warning strip ``width`` wide (e.g. untrained weights); ASCII only (Hershey fonts)."""
     text = text.replace("\u2014", "-").encode("ascii", "replace").decode()
-    fs = round(float(np.clip(width / 1400, 0.4, 1.0)), 2)
-    h = int(30 * fs) + 8
+    fs = _banner_scale(width)
+    h = banner_height(width)
     strip = np.zeros((h, width, 4), np.uint8)
     strip[...] = (160, 0, 0, 255)
     words = text_sprite(text, fs, (255, 255, 255))
@@ -247,13 +317,16 @@ def no_face(height: int) -> tuple[np.ndarray, int, int]:
 
 def annotate(image: np.ndarray, faces: Sequence[FaceResult], class_names: Sequence[str],
              banner: Optional[str] = None, labels: Optional[Sequence[str]] = None) -> np.ndarray:
-    """A copy of ``image`` (RGB) with every face drawn; ``labels`` name the faces (default #0, #1, ...)."""
+    """A copy of ``image`` (RGB) with every face drawn, the marks placed apart (:func:`place_faces`) and below
+    the banner; ``labels`` name the faces (default #0, #1, ...)."""
     out = image.copy()
-    for i, face in enumerate(faces):
-        label = labels[i] if labels is not None else (f"#{i}" if len(faces) > 1 else None)
-        draw_face(out, face, class_names, label=label)
+    if labels is None:
+        labels = [f"#{i}" if len(faces) > 1 else None for i in range(len(faces))]
+    strip = banner_sprite(banner, out.shape[1]) if banner else None
+    for face, marks in zip(faces, place_faces(faces, class_names, out.shape, strip.shape[0] if banner else 0, labels)):
+        draw_marks(out, face, marks)
     if not faces:
         lay(out, *no_face(out.shape[0]))
-    if banner:
-        lay(out, banner_sprite(banner, out.shape[1]), 0, 0)
+    if strip is not None:
+        lay(out, strip, 0, 0)
     return out

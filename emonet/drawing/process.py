@@ -72,7 +72,7 @@ class VideoDrawing:
 
     def __init__(self, spec: dict, device, spare: Optional[Spare] = None) -> None:
         """``spare``: where the video's first encoder is taken from (started ahead), if given."""
-        self.planner = Planner(spec["class_names"])
+        self.planner = Planner(spec["class_names"], banner=bool(spec["banner"]))
         self.canvas = VideoCanvas(spec["class_names"], spec["banner"], device)
         self.seconds = dict.fromkeys(("plan", "draw", "to encoders", "encoder wait"), 0.0)
         self.cpu0 = _cpu()

@@ -48,7 +48,7 @@ def same(a, b) -> bool:
 def test_a_canvas_renders_a_planners_marks_as_it_draws_them_and_keeps_sprites_once():
     work = chunks()
     images = [torch.from_numpy(gradient(40 * b)) for b in range(3)]
-    planner = Planner(NAMES)
+    planner = Planner(NAMES, banner=True)  # the canvases below have a banner: marks go below it
     planned = [planner.plan(*chunk) for chunk in work]
     # Kept sprites (the discs, "no face found") go to the atlas once: later chunks name them.
     assert planned[0].atlas_at == 0 and planned[0].atlas_add is not None

@@ -23,9 +23,9 @@ setup(
         "av>=12",             # H.264 annotated video (its wheels carry FFmpeg with libx264)
         "matplotlib>=3.5",    # per-video plots
     ],
-    # scikit-image: its sample photos (faces and not) are the detector tests' real photos.
+    # scikit-image, scikit-learn: their sample photos (faces and not) are the detector tests' real photos.
     # PyNvVideoCodec: NVIDIA's decoder (NVDEC) for annotated videos, on NVIDIA GPUs.
-    extras_require={"test": ["pytest>=7", "scikit-image>=0.21"], "nvdec": ["PyNvVideoCodec>=2.0"]},
+    extras_require={"test": ["pytest>=7", "scikit-image>=0.21", "scikit-learn>=1.0"], "nvdec": ["PyNvVideoCodec>=2.0"]},
     entry_points={"console_scripts": [
         "emonet-photo = emonet.apps.photo:main",
         "emonet-video = emonet.apps.video:main",

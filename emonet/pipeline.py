@@ -230,6 +230,14 @@ class VideoPipeline:
         with torch.cuda.stream(self.det_stream):
             return self.detector.launch([f.on_device(self.engine.device, self.det_stream) for f in frames])
 
+    def _collect_detector(self, handle) -> list:
+        # On the detector's stream: its close look at the candidates (more network work) must not queue
+        # behind, and wait for, the previous chunk's EmoNet work on the main stream.
+        if self.det_stream is None:
+            return self.detector.collect(handle)
+        with torch.cuda.stream(self.det_stream):
+            return self.detector.collect(handle)
+
     def detect(self, chunk: list) -> tuple[list[bool], object]:
         """Decide which frames of the chunk run the detector, and queue it on them (``launch`` collects).
 
@@ -246,11 +254,11 @@ class VideoPipeline:
 
     def launch(self, chunk: list, flags: list[bool], handle) -> PendingChunk:
         """Track and plan every frame of the chunk, crop, and queue EmoNet (without waiting for it)."""
-        boxes = self.detector.collect(handle) if handle is not None else []
+        boxes = self._collect_detector(handle) if handle is not None else []
         if self.need_detection:  # the previous chunk lost a face after this one's detection was planned
             if not flags[0]:
                 flags[0] = True
-                boxes.insert(0, self.detector.collect(self._launch_detector(chunk[:1]))[0])
+                boxes.insert(0, self._collect_detector(self._launch_detector(chunk[:1]))[0])
             self.need_detection = False
         detections = iter(boxes)
         planned, tracks = [], []

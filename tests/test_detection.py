@@ -201,3 +201,74 @@ def test_tiles_cover_a_large_image_with_half_overlaps():
     xs, ys = sorted({x for x, _, _ in tiles}), sorted({y for _, y, _ in tiles})
     assert xs[0] == ys[0] == 0 and xs[-1] == 3072 - 1024 and ys[-1] == 2048 - 1024
     assert max(np.diff(xs)) <= 512 and max(np.diff(ys)) <= 512
+
+
+def _sklearn(name: str) -> np.ndarray:
+    datasets = pytest.importorskip("sklearn.datasets", reason="scikit-learn holds two sample photos")
+    return np.ascontiguousarray(datasets.load_sample_image(name))
+
+
+NON_FACES = ["chelsea", "coffee", "horse", "logo", "coins", "rocket", "clock", "immunohistochemistry",
+             "hubble_deep_field", "cell", "brick", "gravel", "colorwheel"]
+
+
+def test_no_non_face_comes_within_a_tenth_of_the_threshold():
+    # Margin: at 0.1 under the default threshold, still nothing in photos of animals (a cat's face scored
+    # 0.77 before the close look), food, objects, buildings, a flower, a galaxy field or cells.
+    from emonet.detection.blazeface import DEFAULT_MIN_SCORE
+
+    lenient = BlazeFaceDetector("cpu", min_score=DEFAULT_MIN_SCORE - 0.1)
+    photos = [_sample(n) for n in NON_FACES] + [_sklearn("flower.jpg"), _sklearn("china.jpg")]
+    found = [(i, faces[:, 4].max()) for i, faces in enumerate(lenient.detect(photos)) if len(faces)]
+    assert found == []
+
+
+def test_real_faces_score_well_above_the_threshold():
+    import matplotlib.cbook
+
+    from emonet.detection.blazeface import DEFAULT_MIN_SCORE
+
+    hopper = np.asarray(__import__("PIL.Image", fromlist=["Image"]).open(
+        matplotlib.cbook.get_sample_data("grace_hopper.jpg")).convert("RGB"))
+    detector = BlazeFaceDetector("cpu")
+    for image in (_sample("astronaut"), hopper):
+        (face,) = detector.detect([image])[0]
+        assert face[4] >= DEFAULT_MIN_SCORE + 0.05
+
+
+def test_faces_40_px_wide_in_a_1080p_photo_are_found():
+    import cv2
+
+    # Three copies of a real face, 40, 60 and 90 px wide, in a 1920x1080 real scene (scikit-learn's
+    # photo of a temple, enlarged); the photo tool's detector (tiles, small tiles, the close look) finds
+    # each once and nothing else.
+    scene = cv2.resize(_sklearn("china.jpg"), (1920, 1080))
+    astronaut = _sample("astronaut")
+    truth = []
+    for (x, y), width in zip([(300, 700), (1000, 200), (1500, 800)], (40, 60, 90)):
+        s = width / (FACE[2] - FACE[0])
+        small = cv2.resize(astronaut, None, fx=s, fy=s, interpolation=cv2.INTER_AREA)
+        fx, fy = int(FACE[0] * s), int(FACE[1] * s)
+        pad = int(width * 0.6)
+        patch = small[max(fy - pad, 0):fy + int((FACE[3] - FACE[1]) * s) + pad, max(fx - pad, 0):fx + width + pad]
+        scene[y:y + patch.shape[0], x:x + patch.shape[1]] = patch
+        ox, oy = x - max(fx - pad, 0), y - max(fy - pad, 0)
+        truth.append(FACE * s + [ox, oy, ox, oy])
+    found = BlazeFaceDetector("cpu").detect([scene])[0]
+    assert len(found) == 3, found
+    for box in truth:
+        assert any(iou(f, box) > 0.4 for f in found), (box, found)
+
+
+def test_zoomed_crops_are_square_views_around_a_box_black_beyond_the_image():
+    import torch
+
+    from emonet.detection.blazeface import zoomed_crops
+
+    image = np.full((100, 200, 3), 200, np.uint8)
+    crops = zoomed_crops(image, np.array([[0.0, 0.0, 40.0, 40.0], [80.0, 30.0, 120.0, 70.0]]), (2.0,), 64,
+                         torch.device("cpu"))
+    assert crops.shape == (2, 3, 64, 64)
+    first, second = (crops + 1) * 127.5
+    assert torch.allclose(first[:, 40:, 40:], torch.tensor(200.0), atol=1) and first[:, :10, :10].abs().max() < 1
+    assert torch.allclose(second, torch.tensor(200.0), atol=1)  # wholly inside the image

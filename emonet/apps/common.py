@@ -56,9 +56,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
                             "released demo's; downloads its weights on first use) or none (each image is "
                             "already a tight face crop)")
         g.add_argument("--min-score", type=_score, default=None, metavar="S",
-                       help="report faces the detector scores at least S, between 0 and 1 (default: 0.7 for "
-                            "blazeface, chosen on real photos so that cups and logos are not faces; 0.5 for sfd); "
-                            "lower it to find faint faces, raise it to drop doubtful ones")
+                       help="report faces the detector scores at least S, between 0 and 1 (default for "
+                            "blazeface: 0.75 in photos, where each candidate is looked at again close up, chosen on "
+                            "real photos so that no flower, animal, food or object comes within 0.1 of it; 0.7 in "
+                            "video; 0.5 for sfd); lower it to find faint faces, raise it to drop doubtful ones")
 
 
 PRECISION_HELP = ("the arithmetic, whatever --engine says (default: auto, the engine's own: fp16 on a GPU, fp32 "
@@ -134,14 +135,15 @@ def engine_config(preset: str, device: torch.device, deterministic: bool = False
     return config
 
 
-def build_detector(args: argparse.Namespace, engine: Engine, tiles: bool = True):
-    """The detector the arguments ask for, on the engine's device; ``tiles``: BlazeFace also searches
-    overlapping tiles of a large image for small faces (photos; the video tool leaves it off for speed)."""
+def build_detector(args: argparse.Namespace, engine: Engine, video: bool = False):
+    """The detector the arguments ask for, on the engine's device. For photos, BlazeFace also searches
+    overlapping tiles of a large image (small faces) and looks at each candidate again close up (no
+    face-like thing passes); the video tool leaves both off for speed (docs/PERFORMANCE.md)."""
     min_score = getattr(args, "min_score", None)
     kwargs = {"min_score": min_score} if min_score is not None and args.detector != "none" else {}
     if args.detector == "blazeface":
         kwargs["cuda_graphs"] = engine.config.cuda_graphs  # a small job runs both networks eagerly
-        kwargs["tiles"] = tiles
+        kwargs["tiles"] = kwargs["verify"] = not video
     return create_detector(args.detector, engine.device, **kwargs)
 
 

@@ -148,7 +148,7 @@ class LazyPipeline:
             buckets = sorted({1, 4, 16, 64, args.batch_size, 4 * args.batch_size})
             engine = build_engine(args, batch_sizes=tuple(b for b in buckets if b <= 4 * args.batch_size),
                                   job=self.job if self.job is not None else frames)
-            self.pipeline = Pipeline(engine, build_detector(args, engine, tiles=False), max_faces=args.max_faces)
+            self.pipeline = Pipeline(engine, build_detector(args, engine, video=True), max_faces=args.max_faces)
             self.pipeline.warmup(shape)
         return self.pipeline
 

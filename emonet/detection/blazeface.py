@@ -90,12 +90,19 @@ def weighted_nms(detections: np.ndarray, threshold: float) -> np.ndarray:
     return np.stack(faces)
 
 
-# Chosen on real photos (scikit-image's samples). The reported score is the mean over the overlapping
-# detections that pass, so it rises with the threshold: at face-alignment's 0.65 a coffee cup passed
-# (0.67); from 0.7 it does not, while the faces score 0.75 (the cameraman) and 0.84 (the astronaut).
-# A cat's face (0.77) still passes: no threshold tells it from a person's.
-DEFAULT_MIN_SCORE = 0.7
-TILE_MARGIN = 0.1  # the score a face seen only in a tile needs above min_score
+# A face is found in two steps. The 256-px "back" model proposes candidates over the whole image (and its
+# tiles) from CANDIDATE_SCORE; each is then looked at again close up, by the 128-px "front" model, in
+# square crops VERIFY_ZOOMS times the candidate's size around it, and its score is the lowest of those
+# looks (each the best detection covering the crop's centre). A face scores high at both zooms; the
+# face-like things that passed the first model alone (a flower 0.71, a cat 0.77, a dog, a cup) do not. DEFAULT_MIN_SCORE was chosen on real photos with and without faces,
+# leaving every non-face at least 0.1 below it (docs/PERFORMANCE.md, *Face detection*).
+CANDIDATE_SCORE = 0.5
+VERIFY_ZOOMS = (1.8, 2.4)
+DEFAULT_MIN_SCORE = 0.75
+# Without the close look (verify=False), the first model's own score, the mean over the overlapping
+# detections that pass: from 0.7 a coffee cup did not pass (0.67), a cat's face (0.77) did.
+UNVERIFIED_MIN_SCORE = 0.7
+TILE_MARGIN = 0.1  # unverified: the score a face seen only in a tile needs above min_score
 
 
 def tile_grid(height: int, width: int, least: int) -> list[tuple[int, int, int]]:
@@ -149,6 +156,34 @@ def _iou(a: np.ndarray, b: np.ndarray) -> float:
     return inter / union if union > 0 else 0.0
 
 
+def zoomed_crops(image: Union[np.ndarray, torch.Tensor], boxes: np.ndarray, zooms: Sequence[float], size: int,
+                 device: torch.device) -> torch.Tensor:
+    """Square crops ``zoom`` times each box's longer side around its centre (black beyond the image), each
+    resized to ``size``: ``(len(boxes) * len(zooms), 3, size, size)`` in [-1, 1] on ``device``, box by box."""
+    frame = image if torch.is_tensor(image) else torch.from_numpy(np.ascontiguousarray(image))
+    frame = frame.to(device, non_blocking=True).permute(2, 0, 1).float()[None]
+    h, w = frame.shape[-2:]
+    out = torch.zeros((len(boxes) * len(zooms), 3, size, size), device=device)
+    k = 0
+    for x1, y1, x2, y2 in boxes:
+        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+        for zoom in zooms:
+            side = max(zoom * max(x2 - x1, y2 - y1), 2.0)
+            x0, y0, scale = cx - side / 2, cy - side / 2, size / side
+            sx0, sy0 = max(int(np.floor(x0)), 0), max(int(np.floor(y0)), 0)
+            sx1, sy1 = min(int(np.ceil(x0 + side)), w), min(int(np.ceil(y0 + side)), h)
+            # Where that part of the image lands in the crop, whole pixels inside it.
+            tx0 = min(max(int(round((sx0 - x0) * scale)), 0), size - 1)
+            ty0 = min(max(int(round((sy0 - y0) * scale)), 0), size - 1)
+            tx1, ty1 = min(int(round((sx1 - x0) * scale)), size), min(int(round((sy1 - y0) * scale)), size)
+            if sx1 > sx0 and sy1 > sy0 and tx1 > tx0 and ty1 > ty0:
+                out[k, :, ty0:ty1, tx0:tx1] = torch.nn.functional.interpolate(
+                    frame[:, :, sy0:sy1, sx0:sx1], size=(ty1 - ty0, tx1 - tx0), mode="bilinear", antialias=True,
+                    align_corners=False)[0]
+            k += 1
+    return out.div_(127.5).sub_(1.0)  # as the letterbox scales a whole image
+
+
 def _blazeface_class() -> type:
     """face-alignment's BlazeFace network class, loaded from its own module file.
 
@@ -175,7 +210,8 @@ class BlazeFaceDetector(FaceDetector):
 
     def __init__(self, device: Union[str, torch.device] = "cpu", model: str = "back",
                  weights: Union[str, Path, None] = None, min_score: Optional[float] = None,
-                 cuda_graphs: bool = True, tiles: bool = True) -> None:
+                 cuda_graphs: bool = True, tiles: bool = True, small_tiles: Optional[bool] = None,
+                 verify: Optional[bool] = None) -> None:
         BlazeFace = _blazeface_class()
         if model not in ("back", "front"):
             raise DetectorError(f"BlazeFace model must be 'back' or 'front', not {model!r}")
@@ -189,12 +225,22 @@ class BlazeFaceDetector(FaceDetector):
         self.net.load_state_dict(state[model])
         self.net.to(self.device).eval()
         self.anchors = _anchors().numpy()  # decoding runs on the CPU (see _collect)
-        self.min_score = DEFAULT_MIN_SCORE if min_score is None else float(min_score)
+        # The close look (see VERIFY_ZOOMS): the back model's candidates, re-scored by the front model.
+        self.verify = model == "back" if verify is None else verify
+        self.min_score = float(min_score) if min_score is not None else (
+            DEFAULT_MIN_SCORE if self.verify else UNVERIFIED_MIN_SCORE)
         self.size = 256 if model == "back" else 128
         self.max_batch = 8
         # An image much larger than the network's input is also searched in overlapping tiles, where a
-        # small face is seen at a usable scale.
+        # small face is seen at a usable scale; with small_tiles (default: with tiles), an image over
+        # three times the input also in tiles of 1.5 times it, where a 40-px face of a 1080p frame is
+        # seen at 27 px.
         self.tiles = tiles
+        self.small_tiles = tiles if small_tiles is None else small_tiles
+        self.verifier = (BlazeFaceDetector(self.device, model="front", weights=path, cuda_graphs=cuda_graphs,
+                                           tiles=False, verify=False) if self.verify else None)
+        if self.verifier is not None:
+            self.verifier.max_batch = 32  # a frame's candidates at every zoom, in one call
         # A job of a few images does not repay capturing graphs: they run eagerly.
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self._graphs: dict[int, tuple] = {}  # padded batch -> (CUDA graph, static input, static outputs)
@@ -239,27 +285,68 @@ class BlazeFaceDetector(FaceDetector):
         for i, image in enumerate(images):
             views.append(image)
             owners.append((i, 0, 0, 0))
-            if self.tiles:
-                for x, y, side in tile_grid(image.shape[0], image.shape[1], 2 * self.size):
-                    views.append(image[y:y + side, x:x + side])
-                    owners.append((i, x, y, side))
+            grids = tile_grid(image.shape[0], image.shape[1], 2 * self.size) if self.tiles else []
+            if self.small_tiles and max(image.shape[:2]) > 3 * self.size:
+                grids += tile_grid(image.shape[0], image.shape[1], 3 * self.size // 4)
+            for x, y, side in grids:
+                views.append(image[y:y + side, x:x + side])
+                owners.append((i, x, y, side))
         parts = [self._launch(views[start:start + self.max_batch]) for start in range(0, len(views), self.max_batch)]
-        return parts, owners, [image.shape[:2] for image in images]
+        return parts, owners, [image.shape[:2] for image in images], (images if self.verify else None)
 
     def collect(self, handle: tuple) -> list[np.ndarray]:
-        parts, owners, shapes = handle
+        parts, owners, shapes, images = handle
         per_view = [faces for part in parts for faces in self._collect(*part)]
         found: list[list[np.ndarray]] = [[] for _ in shapes]
         for faces, (i, x, y, side) in zip(per_view, owners):
             if side and len(faces):
-                # Every tile is another chance for a face-like thing to pass (a clock's face scored 0.75 in
-                # a tile of scikit-image's sample photos; the faces seen only in tiles, 0.88 and more):
-                # a face that only a tile sees needs TILE_MARGIN more.
-                faces = _inside_tile(faces[faces[:, 4] >= min(self.min_score + TILE_MARGIN, 0.95)],
-                                     x, y, side, shapes[i])
+                if not self.verify:
+                    # Every tile is another chance for a face-like thing to pass (a clock's face scored 0.75
+                    # in a tile of scikit-image's sample photos; the faces seen only in tiles, 0.88 and
+                    # more): unverified, a face that only a tile sees needs TILE_MARGIN more.
+                    faces = faces[faces[:, 4] >= min(self.min_score + TILE_MARGIN, 0.95)]
+                faces = _inside_tile(faces, x, y, side, shapes[i])
                 faces[:, :4] += [x, y, x, y]
             found[i].append(faces)
-        return [merge_detections(parts_) for parts_ in found]
+        merged = [merge_detections(parts_) for parts_ in found]
+        if not self.verify:
+            return merged
+        return [self._verified(image, faces) for image, faces in zip(images, merged)]
+
+    def _verified(self, image: Union[np.ndarray, torch.Tensor], candidates: np.ndarray) -> np.ndarray:
+        """The candidates re-scored by the close look (VERIFY_ZOOMS), those reaching ``min_score``, best first."""
+        if not len(candidates):
+            return candidates
+        crops = zoomed_crops(image, candidates[:, :4], VERIFY_ZOOMS, self.verifier.size, self.device)
+        faces = candidates.copy()
+        faces[:, 4] = self.verifier.centre_scores(crops).reshape(len(candidates), len(VERIFY_ZOOMS)).min(axis=1)
+        faces = faces[faces[:, 4] >= self.min_score]
+        return faces[np.argsort(-faces[:, 4], kind="stable")]
+
+    def centre_scores(self, crops: torch.Tensor) -> np.ndarray:
+        """Per crop (``(B, 3, S, S)`` network input), the best score of a detection whose box covers the crop's
+        centre: how surely a face fills it. Decoded on the device, one small copy back."""
+        net = self.net
+        if not hasattr(self, "_anchors_dev"):
+            self._anchors_dev = torch.from_numpy(self.anchors).to(self.device)
+        scores = []
+        for start in range(0, len(crops), self.max_batch):
+            part = crops[start:start + self.max_batch]
+            padded = 1 << (len(part) - 1).bit_length()
+            if padded > len(part):
+                part = torch.cat([part, part[-1:].expand(padded - len(part), -1, -1, -1)])
+            with torch.inference_mode():
+                raw_boxes, raw_scores = self._forward(part)
+                raw_boxes, raw_scores = raw_boxes.float(), raw_scores.float()
+                a = self._anchors_dev
+                xc = raw_boxes[..., 0] / net.x_scale * a[:, 2] + a[:, 0]
+                yc = raw_boxes[..., 1] / net.y_scale * a[:, 3] + a[:, 1]
+                half_w = raw_boxes[..., 2] / net.w_scale * a[:, 2] / 2
+                half_h = raw_boxes[..., 3] / net.h_scale * a[:, 3] / 2
+                covers = ((xc - half_w) < 0.5) & ((xc + half_w) > 0.5) & ((yc - half_h) < 0.5) & ((yc + half_h) > 0.5)
+                p = torch.sigmoid(raw_scores[..., 0].clamp(-net.score_clipping_thresh, net.score_clipping_thresh))
+                scores.append(torch.where(covers, p, torch.zeros_like(p)).amax(dim=1)[:len(crops[start:start + self.max_batch])])
+        return torch.cat(scores).cpu().numpy().astype(np.float64)
 
     def warmup(self, shape: tuple = (720, 1280, 3)) -> None:
         """Run every padded batch size once, so cuDNN's autotuning is paid at load, not on real frames."""
@@ -290,7 +377,8 @@ class BlazeFaceDetector(FaceDetector):
         if done is not None:
             done.synchronize()
         raw = raw.numpy()
-        per_image = decode_blazeface(self.net, raw[..., :-1], raw[..., -1:], self.anchors, self.min_score)
+        floor = CANDIDATE_SCORE if self.verify else self.min_score  # verified: candidates, looked at again
+        per_image = decode_blazeface(self.net, raw[..., :-1], raw[..., -1:], self.anchors, floor)
         results = []
         for dets, (scale, px, py) in zip(per_image, params):
             faces = weighted_nms(dets, self.net.min_suppression_threshold)

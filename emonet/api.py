@@ -36,17 +36,14 @@ class Reader:
     def __init__(self, weights: str = "pretrained", device: Optional[str] = None, engine: str = "auto",
                  detector: str = "blazeface", min_score: Optional[float] = None, nclasses: Optional[int] = None,
                  batch_size: int = 8) -> None:
-        import argparse
-
-        from .apps.common import build_detector, build_engine
+        from .build import ModelOptions, build_detector, build_engine
         from .pipeline import Pipeline
 
-        args = argparse.Namespace(weights=weights, device=device, engine=engine, detector=detector,
-                                  min_score=min_score, nclasses=nclasses, no_cudnn_benchmark=False,
-                                  deterministic=False)
+        options = ModelOptions(weights=weights, nclasses=nclasses, device=device, engine=engine, detector=detector,
+                               min_score=min_score)
         self.batch_size = batch_size
-        engine_ = build_engine(args, batch_sizes=tuple(sorted({1, 4, batch_size})))
-        self.pipeline = Pipeline(engine_, build_detector(args, engine_))
+        engine_ = build_engine(options, batch_sizes=tuple(sorted({1, 4, batch_size})))
+        self.pipeline = Pipeline(engine_, build_detector(options, engine_))
         self.class_names: list[str] = list(engine_.class_names)
 
     def images(self, images: Sequence[np.ndarray]) -> list[list[FaceResult]]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from emonet.engine import Engine, EngineConfig, agreement, conditioned_model, true_fp32, varied_face_crops
-from emonet.apps.common import CPU_BF16, CPU_FP32
+from emonet.engine.config import CPU_BF16, CPU_FP32
 
 
 @pytest.fixture(scope="module")

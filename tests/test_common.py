@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from emonet.apps import common
-from emonet.apps.common import GRAPHS_PAY_FROM, add_model_arguments, build_engine
+from emonet.apps.common import add_model_arguments, model_options
+from emonet.build import GRAPHS_PAY_FROM, build_engine
 
 
 @pytest.fixture(autouse=True)
@@ -23,7 +24,7 @@ def torch_flags():
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_model_arguments(parser)
-    return parser.parse_args(["--weights", "random", *argv])
+    return model_options(parser.parse_args(["--weights", "random", *argv]))
 
 
 @pytest.mark.parametrize("hardware_bf16", [False, True])

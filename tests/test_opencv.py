@@ -30,7 +30,7 @@ def group_faces():
     """A 6-face group photo (the sample face, three by two, tightly packed) read by the real pipeline."""
     from emonet.detection import create_detector
     from emonet.engine import Engine
-    from emonet.apps.common import CPU_FP32
+    from emonet.engine.config import CPU_FP32
     from emonet.models.weights import load_model
     from emonet.pipeline import Pipeline
 

@@ -1,18 +1,17 @@
-"""What the command-line tools share: model options, building the engine and detector, and clean failures."""
+"""What the command-line tools share: the model options on the command line, turned into
+:class:`emonet.build.ModelOptions`, and clean failures."""
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
-from typing import Callable, Optional, Sequence
+from typing import Callable
 
-import torch
-
-from ..models.weights import UNTRAINED_LABEL, CheckpointError, load_model
-from ..detection import DETECTORS, DetectorError, create_detector
-from ..engine import PRESETS, Engine, EngineConfig
+from ..build import ModelOptions
+from ..detection import DETECTORS, DetectorError
+from ..engine import PRESETS
 from ..io.images import InputError
-from ..runtime import PRECISIONS, DeviceError, RuntimeConfig, configure, describe
+from ..models.weights import CheckpointError
+from ..runtime import PRECISIONS, DeviceError
 
 
 ENGINE_HELP = ("how the network runs (default: auto). auto: 'fast' on a GPU (without CUDA graphs for a job "
@@ -64,87 +63,16 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
 
 PRECISION_HELP = ("the arithmetic, whatever --engine says (default: auto, the engine's own: fp16 on a GPU, fp32 "
                   "on a CPU). fp32: true fp32, TF32 off: the released model's numbers, slowest on a GPU (about "
-                  "a third of fp16's speed). tf32: fp32 with TF32 convolutions, the released demo's own "
+                  "a third to a fifth of fp16's speed). tf32: fp32 with TF32 convolutions, the released demo's own "
                   "arithmetic on a GPU. fp16: GPUs only. bf16: 8 bits of mantissa, fast on CPUs with bf16 in "
                   "hardware, but it moves valence and arousal by up to about 0.1: only when asked for")
 
-# What bf16 does to the numbers, measured on a well-conditioned checkpoint over real face crops
-# (docs/PERFORMANCE.md): said whenever it is asked for.
-BF16_NOTE = ("bf16 keeps 8 bits of mantissa: on a well-conditioned checkpoint it moved valence by up to 0.03 and "
-             "arousal by up to 0.12 from fp32, and changed 7 % of expressions (docs/PERFORMANCE.md); "
-             "--precision fp32 gives the released model's numbers")
-
-# Crops below which a job does not repay capturing CUDA graphs and warming up every batch size (about
-# 1 s per batch size at start, against a few ms saved per call): such a job runs the same fast network
-# eagerly, and cuDNN tunes only the shapes it meets.
-GRAPHS_PAY_FROM = 500
-
-
-def build_engine(args: argparse.Namespace, batch_sizes: Sequence[int] = (1, 4, 16),
-                 job: Optional[int] = None) -> Engine:
-    """Configure the runtime, load the weights and build the engine the arguments ask for; ``job``, where
-    known, is how many images or frames the run will read, so that ``auto`` prepares only what pays."""
-    # A small job under auto: cuDNN's autotuning (seconds for the first image's ~40 convolution shapes)
-    # would not repay itself either; its heuristics pick the kernels.
-    small = args.engine == "auto" and job is not None and job < GRAPHS_PAY_FROM
-    precision = getattr(args, "precision", "auto")
-    if args.deterministic and precision not in ("auto", "fp32"):
-        raise DeviceError(f"--deterministic computes in fp32: drop --precision {precision}")
-    runtime = RuntimeConfig(device=args.device, cudnn_benchmark=not args.no_cudnn_benchmark and not small,
-                            deterministic=args.deterministic, precision=precision if precision != "auto" else "fp32")
-    device = configure(runtime)
-    if precision == "fp16" and device.type != "cuda":
-        raise DeviceError("--precision fp16 needs a GPU; on a CPU use fp32 (exact) or bf16")
-    model = load_model(args.weights, n_expression=args.nclasses, device="cpu")
-    config = engine_config(args.engine, device, deterministic=args.deterministic, precision=precision)
-    note = ""
-    if small and config.cuda_graphs:
-        config = replace(config, cuda_graphs=False, warmup=False)
-        note = (f" (no CUDA graphs, warm-up or cuDNN autotuning for a job of {job}: they would cost more than "
-                f"they save)")
-    engine = Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)))
-    print(f"EmoNet ({model.n_expression} classes, {args.weights}) on {describe(runtime, device)}; "
-          f"engine {engine.config.name}{note}", file=sys.stderr)
-    if engine.config.precision == "bf16":
-        print(f"note: {BF16_NOTE}", file=sys.stderr)
-    if engine.untrained:
-        print(f"warning: {UNTRAINED_LABEL}", file=sys.stderr)
-    return engine
-
-
-CPU_FP32 = EngineConfig(channels_last=True, fold_bn=True, warmup=False)
-CPU_BF16 = EngineConfig(precision="bf16", channels_last=True, fold_bn=True, warmup=False)
-
-
-def engine_config(preset: str, device: torch.device, deterministic: bool = False,
-                  precision: str = "auto") -> EngineConfig:
-    """The engine configuration of an ``--engine`` preset (or ``auto``) and ``--precision`` on ``device``.
-
-    ``auto`` is ``fast`` on a GPU and the exact fp32 network on a CPU, whatever the CPU (bf16 only when
-    asked for), so a result never depends on the CPU's features or the process count.
-    """
-    if preset == "auto":
-        preset = "fast" if device.type == "cuda" and not deterministic else "eager"
-    config = PRESETS[preset]
-    if device.type == "cpu" and preset in ("eager", "fast"):
-        # eager: exact, and 1.3x faster on the CPU. No warm-up: the CPU has nothing to autotune, and a
-        # batch-16 warm-up would cost seconds.
-        config = CPU_BF16 if preset == "fast" else CPU_FP32
-    if precision != "auto":
-        config = replace(config, precision=precision)
-    return config
-
-
-def build_detector(args: argparse.Namespace, engine: Engine, video: bool = False):
-    """The detector the arguments ask for, on the engine's device. For photos, BlazeFace also searches
-    overlapping tiles of a large image (small faces) and looks at each candidate again close up (no
-    face-like thing passes); the video tool leaves both off for speed (docs/PERFORMANCE.md)."""
-    min_score = getattr(args, "min_score", None)
-    kwargs = {"min_score": min_score} if min_score is not None and args.detector != "none" else {}
-    if args.detector == "blazeface":
-        kwargs["cuda_graphs"] = engine.config.cuda_graphs  # a small job runs both networks eagerly
-        kwargs["tiles"] = kwargs["verify"] = not video
-    return create_detector(args.detector, engine.device, **kwargs)
+def model_options(args: argparse.Namespace) -> ModelOptions:
+    """The model options the command line gave (:func:`add_model_arguments`)."""
+    return ModelOptions(weights=args.weights, nclasses=args.nclasses, device=args.device, engine=args.engine,
+                        precision=args.precision, cudnn_benchmark=not args.no_cudnn_benchmark,
+                        deterministic=args.deterministic, detector=getattr(args, "detector", "blazeface"),
+                        min_score=getattr(args, "min_score", None))
 
 
 def run_tool(main: Callable[[], int]) -> int:

@@ -8,7 +8,7 @@ from typing import Optional
 
 from ..evaluation.loop import run
 from ..cli import ToolParser
-from .common import add_model_arguments, run_tool
+from .common import add_model_arguments, model_options, run_tool
 
 EXAMPLES = """examples:
   %(prog)s --dataset affectnet --root /data/AffectNet --subset test --nclasses 8 --report report.json
@@ -58,7 +58,7 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
     """``emonet-eval`` / ``test.py``."""
     args = parse_args(argv, prog)
-    return run_tool(lambda: run(args))
+    return run_tool(lambda: run(args, model_options(args)))
 
 
 if __name__ == "__main__":

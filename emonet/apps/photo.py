@@ -21,7 +21,8 @@ from ..pipeline import Pipeline
 from ..results import FaceResult, face_record, photo_fields, photo_row
 from ..timing import LatencyTimer, StartupClock
 from ..cli import ToolParser, plural
-from .common import add_model_arguments, build_detector, build_engine, run_tool
+from ..build import build_detector, build_engine
+from .common import add_model_arguments, model_options, run_tool
 
 
 def _output_plan(output: Optional[str], n_images: int) -> tuple[Optional[Path], Optional[Path]]:
@@ -65,9 +66,10 @@ def run(args: argparse.Namespace) -> int:
     first = read_image(paths[0]) if len(paths) == 1 else None
 
     # The job is known before the model loads: a few photos get no CUDA graphs and no warm-up.
-    engine = build_engine(args, job=len(paths))
+    model = model_options(args)
+    engine = build_engine(model, job=len(paths))
     startup.mark("model and engine")
-    detector = build_detector(args, engine)
+    detector = build_detector(model, engine)
     pipeline = Pipeline(engine, detector, refine=args.refine)
     pipeline.warmup()
     startup.mark("detector" + (" and warm-up" if engine.config.warmup else ""))

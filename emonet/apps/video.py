@@ -43,7 +43,8 @@ from ..summary import VideoSummary
 from ..runtime import select_device
 from ..timing import LatencyTimer, StartupClock
 from ..cli import ToolParser
-from .common import add_model_arguments, build_detector, build_engine, run_tool
+from ..build import build_detector, build_engine
+from .common import add_model_arguments, model_options, run_tool
 
 # This process: emonet: track, crop, network; hand-over: the frames to the drawing process; drawing wait: for
 # it, when it is behind. The drawing process: plan: what is drawn (NumPy, OpenCV); draw: drawing it (torch);
@@ -146,9 +147,10 @@ class LazyPipeline:
         if self.pipeline is None:
             args = self.args
             buckets = sorted({1, 4, 16, 64, args.batch_size, 4 * args.batch_size})
-            engine = build_engine(args, batch_sizes=tuple(b for b in buckets if b <= 4 * args.batch_size),
+            model = model_options(args)
+            engine = build_engine(model, batch_sizes=tuple(b for b in buckets if b <= 4 * args.batch_size),
                                   job=self.job if self.job is not None else frames)
-            self.pipeline = Pipeline(engine, build_detector(args, engine, video=True), max_faces=args.max_faces)
+            self.pipeline = Pipeline(engine, build_detector(model, engine, video=True), max_faces=args.max_faces)
             self.pipeline.warmup(shape)
         return self.pipeline
 

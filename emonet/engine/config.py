@@ -63,3 +63,8 @@ PRESETS: Dict[str, EngineConfig] = {
     "max": EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="max-autotune",
                         streams=8, cuda_graphs=True),
 }
+
+# On a CPU: the exact network (fp32, folded; no warm-up: the CPU has nothing to autotune, and a batch-16
+# warm-up would cost seconds), and bf16 where asked for.
+CPU_FP32 = EngineConfig(channels_last=True, fold_bn=True, warmup=False)
+CPU_BF16 = EngineConfig(precision="bf16", channels_last=True, fold_bn=True, warmup=False)

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -27,6 +27,7 @@ from tqdm import tqdm
 from .datasets import DatasetError, FaceDataset, affectnet, csv_dataset
 from ..pipeline import Pipeline, PlannedFace
 from ..results import FaceResult
+from ..build import ModelOptions, build_detector, build_engine
 from ..cli import plural
 from ..io.atomic import write_text
 from ..provenance import provenance
@@ -207,9 +208,9 @@ def locate_faces(dataset: FaceDataset, pipeline: Pipeline, progress: bool = True
     return no_face, unreadable
 
 
-def run(args: argparse.Namespace) -> int:
-    """Build the dataset, check it, predict, score and report; the exit code."""
-    from ..apps.common import build_detector, build_engine
+def run(args: argparse.Namespace, model: ModelOptions) -> int:
+    """Build the dataset, check it, predict, score and report; the exit code. ``args``: the evaluation's
+    own options (dataset, outputs, ``--face``, ...); ``model``: weights, device, engine and detector."""
     from ..classes import class_names
 
     # The arguments are checked before the model loads (or downloads).
@@ -223,12 +224,12 @@ def run(args: argparse.Namespace) -> int:
     for out in (args.report, args.predictions):
         if out:
             check_writable_dir(Path(out).parent if str(Path(out).parent) else Path("."))
-    ddp = init_distributed(prefer_cuda=(args.device or "cuda").startswith("cuda"))
+    ddp = init_distributed(prefer_cuda=(model.device or "cuda").startswith("cuda"))
     try:
-        if ddp.world > 1 and torch.cuda.is_available() and (args.device or "cuda").startswith("cuda"):
-            args.device = f"cuda:{ddp.local_rank}"
+        if ddp.world > 1 and torch.cuda.is_available() and (model.device or "cuda").startswith("cuda"):
+            model = replace(model, device=f"cuda:{ddp.local_rank}")
         quiet = not ddp.main
-        engine = build_engine(args, batch_sizes=(args.batch_size,))
+        engine = build_engine(model, batch_sizes=(args.batch_size,))
         n_classes = engine.n_expression  # the checkpoint's; load_model refused a disagreeing --nclasses
         if args.dataset == "affectnet":
             dataset, counts = affectnet(Path(args.root), args.subset, n_classes, class_names(n_classes))
@@ -247,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
 
         pipeline = Pipeline(engine)
         if any(s.matrix is None for s in dataset.samples):
-            pipeline = Pipeline(engine, build_detector(args, engine))
+            pipeline = Pipeline(engine, build_detector(model, engine))
             no_face, unreadable = locate_faces(dataset, pipeline, progress=not quiet, rule=args.face)
             several = sum(1 for s in dataset.samples if (s.faces_found or 0) > 1)
             counts["several_faces"] = several

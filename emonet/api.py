@@ -44,6 +44,8 @@ class Reader:
         self.batch_size = batch_size
         engine_ = build_engine(options, batch_sizes=tuple(sorted({1, 4, batch_size})))
         self.pipeline = Pipeline(engine_, build_detector(options, engine_))
+        # Video frames are read as the video tool reads them (its detector: no tiles, no close look).
+        self._video_pipeline = Pipeline(engine_, build_detector(options, engine_, video=True))
         self.class_names: list[str] = list(engine_.class_names)
 
     def images(self, images: Sequence[np.ndarray]) -> list[list[FaceResult]]:
@@ -56,7 +58,7 @@ class Reader:
         from .io.video import VideoReader
         from .pipeline import VideoPipeline
 
-        video = VideoPipeline(self.pipeline, detect_every=detect_every, smooth=smooth)
+        video = VideoPipeline(self._video_pipeline, detect_every=detect_every, smooth=smooth)
         # Results only, never pixels: on a GPU the frames stay there (no host copy of each one is made).
         reader = VideoReader(source, max_frames=max_frames, device=self.pipeline.engine.device, keep_host=False)
         try:

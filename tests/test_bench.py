@@ -47,3 +47,11 @@ def test_photo_benchmark_times_every_way_in_fresh_processes():
     assert len(rows) == 7 and "released demo's way" in rows[0] and "3 tight crops" in rows[4]
     assert "nan" not in text  # every process succeeded
     assert "- demo.py (BlazeFace), run 1: first result" in text
+
+
+def test_help_names_the_command_and_shows_examples():
+    out = subprocess.run([sys.executable, "-m", "emonet.bench", "--help"], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.startswith("usage: emonet-bench")
+    assert "examples:" in out.stdout and "emonet-bench --device cpu --quick" in out.stdout
+    assert "under a minute" not in out.stdout

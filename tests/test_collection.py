@@ -172,3 +172,16 @@ def test_sigterm_ends_a_collection_cleanly_and_a_rerun_finishes_it(tmp_path):
     again = demo_video("--video", folder, "--out-dir", out, *COMMON, env=one_thread())
     assert again.returncode == 0, again.stderr
     assert f"{len(done)} skipped" in again.stderr and len(list(out.glob("*.summary.json"))) == 3
+
+
+def test_a_video_without_a_face_has_its_frames_and_says_no_face(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    make_clip(folder / "quiet.mp4", frames=6, blank_from=0)
+    out = tmp_path / "out"
+    result = demo_video("--video", folder / "quiet.mp4", "--out-dir", out, *COMMON, env=one_thread())
+    assert result.returncode == 0, result.stderr
+    (row,) = read_csv(out / "summary.csv")
+    assert row["frames"] == "6" and row["note"] == "no face" and row["error"] == "" and row["untrained"] == "1"
+    assert "1 video:" in result.stderr and "1 videos" not in result.stderr and "(1 video)" in result.stderr
+    assert json.loads((out / "quiet.summary.json").read_text())["provenance"]["weights"]["untrained"] is True

@@ -228,8 +228,10 @@ def test_real_faces_score_well_above_the_threshold():
 
     from emonet.detection.blazeface import DEFAULT_MIN_SCORE
 
-    hopper = np.asarray(__import__("PIL.Image", fromlist=["Image"]).open(
-        matplotlib.cbook.get_sample_data("grace_hopper.jpg")).convert("RGB"))
+    import cv2
+
+    with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as fh:
+        hopper = cv2.cvtColor(cv2.imdecode(np.frombuffer(fh.read(), np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
     detector = BlazeFaceDetector("cpu")
     for image in (_sample("astronaut"), hopper):
         (face,) = detector.detect([image])[0]

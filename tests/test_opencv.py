@@ -66,8 +66,6 @@ def test_a_crowded_photos_labels_do_not_overlap_each_other_or_other_faces(group_
         assert not any(_overlap(rect, other) for other in labels), i
     out = annotate(photo, faces, NAMES, banner=UNTRAINED_LABEL)
     assert out.shape == photo.shape and not np.array_equal(out, photo)
-    if __import__("os").environ.get("EMONET_SAVE_DRAWINGS"):  # to look at it
-        cv2.imwrite(__import__("os").environ["EMONET_SAVE_DRAWINGS"], cv2.cvtColor(out, cv2.COLOR_RGB2BGR))
 
 
 def test_small_faces_get_a_compact_one_line_label(group_faces):

@@ -103,6 +103,9 @@ DEFAULT_MIN_SCORE = 0.75
 # detections that pass: from 0.7 a coffee cup did not pass (0.67), a cat's face (0.77) did.
 UNVERIFIED_MIN_SCORE = 0.7
 TILE_MARGIN = 0.1  # unverified: the score a face seen only in a tile needs above min_score
+# Small tiles (384 px) cover images up to this long side (1080p and 1440p frames, most photos): their
+# count grows with the area, and over it a 40-px face is under 1.5 % of the picture's width.
+SMALL_TILES_UP_TO = 2560
 
 
 def tile_grid(height: int, width: int, least: int) -> list[tuple[int, int, int]]:
@@ -233,8 +236,8 @@ class BlazeFaceDetector(FaceDetector):
         self.max_batch = 8
         # An image much larger than the network's input is also searched in overlapping tiles, where a
         # small face is seen at a usable scale; with small_tiles (default: with tiles), an image over
-        # three times the input also in tiles of 1.5 times it, where a 40-px face of a 1080p frame is
-        # seen at 27 px.
+        # three times the input (and up to SMALL_TILES_UP_TO) also in tiles of 1.5 times it, where a
+        # 40-px face of a 1080p frame is seen at 27 px.
         self.tiles = tiles
         self.small_tiles = tiles if small_tiles is None else small_tiles
         self.verifier = (BlazeFaceDetector(self.device, model="front", weights=path, cuda_graphs=cuda_graphs,
@@ -286,7 +289,7 @@ class BlazeFaceDetector(FaceDetector):
             views.append(image)
             owners.append((i, 0, 0, 0))
             grids = tile_grid(image.shape[0], image.shape[1], 2 * self.size) if self.tiles else []
-            if self.small_tiles and max(image.shape[:2]) > 3 * self.size:
+            if self.small_tiles and 3 * self.size < max(image.shape[:2]) <= SMALL_TILES_UP_TO:
                 grids += tile_grid(image.shape[0], image.shape[1], 3 * self.size // 4)
             for x, y, side in grids:
                 views.append(image[y:y + side, x:x + side])

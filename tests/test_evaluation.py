@@ -55,6 +55,8 @@ def test_affectnet_protocol_report(single_run):
     assert set(m["valence"]) == {"RMSE", "SAGR", "PCC", "CCC", "n"}
     assert report["published"] == PUBLISHED[8]
     assert "published (8 classes)" in run.stderr and "this run" in run.stderr
+    dropped = {k: v for k, v in report["counts"].items() if k not in ("in_index", "kept") and v}
+    assert dropped and f"dropped {sum(dropped.values())} samples: " in run.stderr  # said on the console
     rows = list(csv.DictReader(predictions.open()))
     assert len(rows) == 7 and rows[0]["path"].endswith("img_0.jpg") and "p_Contempt" in rows[0]
 

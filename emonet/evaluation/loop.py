@@ -285,6 +285,11 @@ def run(args: argparse.Namespace, model: ModelOptions) -> int:
               file=sys.stderr)
         if "expression" in metrics:
             print(f"macro-F1 {metrics['expression']['macro_F1']:.3f}", file=sys.stderr)
+        dropped = {k: v for k, v in counts.items() if k not in ("in_index", "kept", "several_faces") and v}
+        if dropped:  # nothing dropped passes for a whole dataset
+            print(f"dropped {sum(dropped.values())} samples: "
+                  + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in dropped.items())
+                  + f"; scored {plural(len(preds.index), 'sample')}", file=sys.stderr)
         if engine.untrained:
             print("note: untrained weights — these metrics are meaningless", file=sys.stderr)
         if args.report:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from emonet.engine import Engine, EngineConfig, agreement, conditioned_model, true_fp32, varied_face_crops
+from emonet.engine import Engine, agreement, conditioned_model, true_fp32, varied_face_crops
 from emonet.engine.config import CPU_BF16, CPU_FP32
 
 

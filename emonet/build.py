@@ -12,7 +12,7 @@ from .detection import create_detector
 from .engine import PRESETS, Engine, EngineConfig
 from .engine.config import CPU_BF16, CPU_FP32
 from .models.weights import UNTRAINED_LABEL, load_model
-from .runtime import DeviceError, RuntimeConfig, configure, describe
+from .runtime import DeviceError, RuntimeConfig, configure, describe, select_device
 
 
 @dataclass(frozen=True)
@@ -36,34 +36,43 @@ BF16_NOTE = ("bf16 keeps 8 bits of mantissa: on a well-conditioned checkpoint it
              "0.06 and 0.12 from fp32, and changed up to 9 % of expressions (docs/PERFORMANCE.md); "
              "--precision fp32 gives the released model's numbers")
 
-# Crops below which a job does not repay capturing CUDA graphs and warming up every batch size (about
-# 1 s per batch size at start, against a few ms saved per call): such a job runs the same fast network
-# eagerly, and cuDNN tunes only the shapes it meets.
+# Crops below which a job does not repay capturing CUDA graphs and warming up (about a second at start,
+# against a few ms saved per call): such a job runs the same network eagerly, with the same numbers.
 GRAPHS_PAY_FROM = 500
+
+# The GPU default (``--engine auto``): the fast network (fp16, channels_last, exact folding, CUDA graphs),
+# every crop in a batch of exactly AUTO_BATCH, with cuDNN's heuristic kernel choice rather than autotuning.
+# Reduced-precision kernels round differently from one batch shape and one kernel to the next: with buckets
+# of batch sizes, a crop's valence moved by up to 0.011 with the crops that came with it, and autotuning
+# (a choice by timing) gave two processes different numbers; one shape and one deterministic choice give a
+# crop the same numbers in any job, batch or process (docs/PERFORMANCE.md, *Agreement with true fp32*).
+AUTO_BATCH = 16
 
 
 def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
                  job: Optional[int] = None) -> Engine:
     """Configure the runtime, load the weights and build the engine the options ask for; ``job``, where
     known, is how many images or frames the run will read, so that ``auto`` prepares only what pays."""
-    # A small job under auto: cuDNN's autotuning (seconds for the first image's ~40 convolution shapes)
-    # would not repay itself either; its heuristics pick the kernels.
     small = options.engine == "auto" and job is not None and job < GRAPHS_PAY_FROM
     precision = options.precision
     if options.deterministic and precision not in ("auto", "fp32"):
         raise DeviceError(f"--deterministic computes in fp32: drop --precision {precision}")
-    runtime = RuntimeConfig(device=options.device, cudnn_benchmark=options.cudnn_benchmark and not small,
-                            deterministic=options.deterministic, precision=precision if precision != "auto" else "fp32")
-    device = configure(runtime)
+    device = select_device(options.device)
+    config = engine_config(options.engine, device, deterministic=options.deterministic, precision=precision)
+    # One batch shape: cuDNN's heuristics choose its kernels (autotuning chose by timing, differently from
+    # one process to the next, and ran no faster at that shape); a small job skips the autotuning too.
+    autotune = options.cudnn_benchmark and not small and not config.fixed_batch
+    runtime = RuntimeConfig(device=str(device), cudnn_benchmark=autotune, deterministic=options.deterministic,
+                            precision=config.precision)
+    configure(runtime)
     if precision == "fp16" and device.type != "cuda":
         raise DeviceError("--precision fp16 needs a GPU; on a CPU use fp32 (exact) or bf16")
     model = load_model(options.weights, n_expression=options.nclasses, device="cpu")
-    config = engine_config(options.engine, device, deterministic=options.deterministic, precision=precision)
     note = ""
     if small and config.cuda_graphs:
         config = replace(config, cuda_graphs=False, warmup=False)
-        note = (f" (no CUDA graphs, warm-up or cuDNN autotuning for a job of {job}: they would cost more than "
-                f"they save)")
+        note = (f" (no CUDA graphs or warm-up for a job of {job}: they would cost more than they save; the "
+                f"same numbers)")
     engine = Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)))
     print(f"EmoNet ({model.n_expression} classes, {options.weights}) on {describe(runtime, device)}; "
           f"engine {engine.config.name}{note}", file=sys.stderr)
@@ -78,12 +87,16 @@ def engine_config(preset: str, device: torch.device, deterministic: bool = False
                   precision: str = "auto") -> EngineConfig:
     """The engine configuration of an ``--engine`` preset (or ``auto``) and ``--precision`` on ``device``.
 
-    ``auto`` is ``fast`` on a GPU and the exact fp32 network on a CPU, whatever the CPU (bf16 only when
-    asked for), so a result never depends on the CPU's features or the process count.
+    ``auto`` is ``fast`` on a GPU with one batch shape (:data:`AUTO_BATCH`), so a crop's numbers do not
+    depend on the job, and the exact fp32 network on a CPU, whatever the CPU (bf16 only when asked for), so a
+    result never depends on the CPU's features or the process count.
     """
+    gpu_auto = preset == "auto" and device.type == "cuda" and not deterministic
     if preset == "auto":
-        preset = "fast" if device.type == "cuda" and not deterministic else "eager"
+        preset = "fast" if gpu_auto else "eager"
     config = PRESETS[preset]
+    if gpu_auto:
+        config = replace(config, fixed_batch=AUTO_BATCH)
     if device.type == "cpu" and preset in ("eager", "fast"):
         # eager: exact, and 1.3x faster on the CPU. No warm-up: the CPU has nothing to autotune, and a
         # batch-16 warm-up would cost seconds.

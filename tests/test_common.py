@@ -8,7 +8,7 @@ import torch
 
 from emonet.apps import common
 from emonet.apps.common import add_model_arguments, model_options
-from emonet.build import GRAPHS_PAY_FROM, build_engine
+from emonet.build import AUTO_BATCH, GRAPHS_PAY_FROM, build_engine, engine_config
 
 
 @pytest.fixture(autouse=True)
@@ -67,5 +67,15 @@ def test_deterministic_keeps_fp32():
 def test_on_a_gpu_a_small_job_gets_no_graphs_and_no_warm_up(job, graphs, capsys):
     engine = build_engine(_args("--device", "cuda:0"), job=job)
     assert engine.config.cuda_graphs is graphs and engine.config.warmup is graphs
-    assert torch.backends.cudnn.benchmark is graphs
-    assert ("no CUDA graphs, warm-up or cuDNN autotuning" in capsys.readouterr().err) is not graphs
+    assert engine.config.batch_sizes == (AUTO_BATCH,) and torch.backends.cudnn.benchmark is False
+    assert ("no CUDA graphs or warm-up" in capsys.readouterr().err) is not graphs
+
+
+def test_the_gpu_default_runs_one_batch_shape_and_explicit_modes_keep_their_buckets():
+    gpu = torch.device("cuda", 0)  # only the configuration is built: no GPU is touched
+    auto = engine_config("auto", gpu)
+    assert auto.fixed_batch == AUTO_BATCH and auto.precision == "fp16" and auto.cuda_graphs
+    assert engine_config("auto", gpu, precision="tf32").fixed_batch == AUTO_BATCH
+    assert engine_config("fast", gpu).fixed_batch == 0 and engine_config("compiled", gpu).fixed_batch == 0
+    assert engine_config("auto", gpu, deterministic=True).precision == "fp32"
+    assert engine_config("auto", torch.device("cpu")).fixed_batch == 0

@@ -151,6 +151,19 @@ def test_uneven_and_empty_batches(reference_model, crops):
         engine(torch.zeros(1, 3, 128, 128))
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_fixed_batch_gives_a_crop_the_same_bits_in_any_batch(reference_model, crops, graphs):
+    engine = Engine(reference_model, "cpu", EngineConfig(channels_last=True, fold_bn=True, fixed_batch=4,
+                                                         batch_sizes=(1, 2, 8), cuda_graphs=graphs, warmup=False))
+    assert engine.config.batch_sizes == (4,) and engine.config.name.endswith("+b4")
+    together = engine(crops[:7])  # slices of 4 and 3 (padded)
+    for i in range(7):
+        alone = engine(crops[i:i + 1])
+        for key in ("expression", "valence", "arousal", "landmarks"):
+            assert torch.equal(alone[key], together[key][i:i + 1]), (i, key)
+    assert engine(crops[:0])["valence"].shape == (0,)
+
+
 def test_warmup_is_timed_and_reported(reference_model):
     lines = []
     engine = Engine(reference_model, "cpu", EngineConfig(batch_sizes=(1,)), log=lines.append)
@@ -193,6 +206,21 @@ def test_cuda_graph_mode_agrees_with_fp32(reference_model, streams):
             torch.testing.assert_close(alone[key], batched[key][3:4], rtol=0.02, atol=0.02, msg=key)
     # Landmarks decoded inside the graph are those of its own heatmaps.
     np.testing.assert_array_equal(batched["landmarks"].cpu().numpy(), decode_heatmaps(batched["heatmap"]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_the_gpu_default_gives_a_crop_the_same_bits_eager_or_graphed_in_any_batch(reference_model):
+    crops = real_face_crops(11)
+    torch.backends.cudnn.benchmark = False  # the default's heuristic kernels
+    config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, fixed_batch=4)
+    graphed = Engine(reference_model, "cuda:0", replace(config, cuda_graphs=True))
+    eager = Engine(reference_model, "cuda:0", replace(config, warmup=False))
+    together = graphed(crops)
+    for engine in (graphed, eager):
+        for i in (0, 5, 10):
+            alone = engine(crops[i:i + 1])
+            for key in ("expression", "valence", "arousal"):
+                assert torch.equal(alone[key], together[key][i:i + 1]), (i, key)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -14,13 +14,14 @@ from ..models.weights import CheckpointError
 from ..runtime import PRECISIONS, DeviceError
 
 
-ENGINE_HELP = ("how the network runs (default: auto). auto: 'fast' on a GPU (without CUDA graphs for a job "
-               "of a few images, which would not repay them); on a CPU, the exact fp32 network, whatever the "
-               "CPU; fp32 with --deterministic. eager: the released model as it is, fp32, one call per batch. "
-               "fast: fp16 on a GPU (bf16 on a CPU), channels_last, exact folding of BatchNorm and the 1x1 "
-               "convolutions, CUDA graphs; on a GPU as close to fp32 as PyTorch's default TF32 arithmetic "
-               "(docs/PERFORMANCE.md). compiled: fast + torch.compile and "
-               "side CUDA streams up to batch 8 (minutes to compile once per machine, fastest after). tuned: "
+ENGINE_HELP = ("how the network runs (default: auto). auto: on a GPU, 'fast' with every crop in a batch of one "
+               "size and cuDNN's heuristic kernels, so a face gets the same numbers in any job, batch or process "
+               "(without CUDA graphs for a job of a few images, which would not repay them; the same numbers); "
+               "on a CPU, the exact fp32 network, whatever the CPU; fp32 with --deterministic. eager: the "
+               "released model as it is, fp32, one call per batch. fast: fp16 on a GPU (bf16 on a CPU), "
+               "channels_last, exact folding of BatchNorm and the 1x1 convolutions, CUDA graphs per batch size "
+               "(a crop's numbers then move with its batch by up to about 0.01). compiled: fast + torch.compile "
+               "and side CUDA streams up to batch 8 (minutes to compile once per machine, fastest after). tuned: "
                "compiled, with kernels tuned on the GPU (long runs at large batch; about 15 s more at every "
                "start). max: compiled with max-autotune (a very slow first start)")
 
@@ -45,7 +46,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
     g.add_argument("--engine", default="auto", choices=["auto", *PRESETS], help=ENGINE_HELP)
     g.add_argument("--precision", default="auto", choices=["auto", *PRECISIONS], help=PRECISION_HELP)
     g.add_argument("--no-cudnn-benchmark", action="store_true",
-                   help="turn cuDNN autotuning off (faster start, slower steady state)")
+                   help="turn cuDNN autotuning off for the explicit --engine modes (faster start, slower steady "
+                        "state); the GPU default never autotunes (its kernels are chosen the same way in every "
+                        "process)")
     g.add_argument("--deterministic", action="store_true",
                    help="bit-reproducible results: deterministic algorithms, fp32, seeded")
     if detector:
@@ -62,10 +65,13 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
 
 
 PRECISION_HELP = ("the arithmetic, whatever --engine says (default: auto, the engine's own: fp16 on a GPU, fp32 "
-                  "on a CPU). fp32: true fp32, TF32 off: the released model's numbers, slowest on a GPU (about "
-                  "a third to a fifth of fp16's speed). tf32: fp32 with TF32 convolutions, the released demo's own "
-                  "arithmetic on a GPU. fp16: GPUs only. bf16: 8 bits of mantissa, fast on CPUs with bf16 in "
-                  "hardware, but it moves valence and arousal by up to about 0.1: only when asked for")
+                  "on a CPU). fp16 on a GPU: within the released demo's own TF32 arithmetic's difference from fp32 "
+                  "on real faces (docs/PERFORMANCE.md). fp32: true fp32, TF32 off: the released model's numbers, "
+                  "slowest on a GPU (about a fifth of fp16's speed). tf32: fp32 with TF32 convolutions, the "
+                  "released demo's own arithmetic on a GPU (about 0.6 of fp16's speed). bf16: 8 bits of mantissa, "
+                  "fast on CPUs with bf16 in hardware, but it moves valence and arousal by up to about 0.1: only "
+                  "when asked for")
+
 
 def model_options(args: argparse.Namespace) -> ModelOptions:
     """The model options the command line gave (:func:`add_model_arguments`)."""

@@ -16,6 +16,10 @@ class EngineConfig:
     freeze: bool = False                    # inductor freezing: constant-folds weights, but bypasses the on-disk graph cache
     cuda_graphs: bool = False
     batch_sizes: Sequence[int] = (1,)       # captured (graphs) or warmed-up batch sizes; larger input is chunked
+    # > 0: every crop goes through the network in a batch of exactly this many (padded; larger input in
+    # slices of it), whatever batch_sizes says. Reduced-precision kernels round differently from one batch
+    # shape to the next, so only one shape gives a crop the same numbers in any job, batch or process.
+    fixed_batch: int = 0
     dynamic_batch: bool = True              # compile: one graph for every batch > 1 (False: one per batch size)
     streams: int = 0                        # batches up to this size run the hourglass skip branches on side CUDA streams
     # With side streams, cuDNN's autotuned kernels ran batch 1 slower than its heuristic picks (H100: 0.99
@@ -48,6 +52,8 @@ class EngineConfig:
             parts.append("autotuned-streams")
         if self.heatmaps:
             parts.append("heatmaps")
+        if self.fixed_batch:
+            parts.append(f"b{self.fixed_batch}")
         if self.cuda_graphs:
             parts.append("graph" if self.share_graph_pool else "graph-pools")
         return "+".join(parts)

@@ -4,7 +4,8 @@
 (:mod:`.transforms`), optionally compiles it (:mod:`.compile`), and runs batches of 256x256 crops through
 it, on a GPU as CUDA graphs captured per batch size (a smaller batch is padded up to the next captured
 size) and, up to ``config.streams``, with the hourglass's skip branches on side streams
-(:mod:`.forward`). A warm-up at load pays cuDNN autotuning, compilation and graph capture before the
+(:mod:`.forward`). With ``fixed_batch`` every crop runs in a batch of that one size, graphs or not,
+so its numbers do not depend on the crops that came with it. A warm-up at load pays cuDNN autotuning, compilation and graph capture before the
 first real crop, and its cost is reported on its own. It returns landmarks decoded on the device,
 expression logits, valence and arousal; the heatmaps only with ``EngineConfig(heatmaps=True)``.
 """
@@ -38,6 +39,8 @@ class Engine:
     def __init__(self, model: EmoNet, device: torch.device | str, config: EngineConfig = EngineConfig(),
                  log=None) -> None:
         self.device = torch.device(device)
+        if config.fixed_batch:
+            config = replace(config, batch_sizes=(config.fixed_batch,))
         self.config = self._available(config)
         self.n_expression = model.n_expression
         self.class_names = model.class_names
@@ -189,7 +192,7 @@ class Engine:
             raise ValueError(f"expected crops of shape (N, 3, 256, 256), got {tuple(crops.shape)}")
         if crops.shape[0] == 0:
             return {k: v[:0] for k, v in self._run_eager(crops[:1].new_zeros(1, 3, 256, 256)).items()}
-        if not (self.config.cuda_graphs or self.config.compile):
+        if not (self.config.cuda_graphs or self.config.compile or self.config.fixed_batch):
             return self._run_eager(crops)
         largest = max(self.config.batch_sizes)
         outs = [self._run_fixed(crops[i:i + largest]) for i in range(0, crops.shape[0], largest)]

@@ -44,7 +44,8 @@ class Reader:
         self.batch_size = batch_size
         engine_ = build_engine(options, batch_sizes=tuple(sorted({1, 4, batch_size})))
         self.pipeline = Pipeline(engine_, build_detector(options, engine_))
-        # Video frames are read as the video tool reads them (its detector: no tiles, no close look).
+        # Video frames are read as the video tool reads them (full searches and views of small faces as the
+        # tracker asks, every candidate looked at close up).
         self._video_pipeline = Pipeline(engine_, build_detector(options, engine_, video=True))
         self.class_names: list[str] = list(engine_.class_names)
 

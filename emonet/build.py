@@ -107,12 +107,13 @@ def engine_config(preset: str, device: torch.device, deterministic: bool = False
 
 
 def build_detector(options: ModelOptions, engine: Engine, video: bool = False):
-    """The detector the options ask for, on the engine's device. For photos, BlazeFace also searches
-    overlapping tiles of a large image (small faces) and looks at each candidate again close up (no
-    face-like thing passes); the video tool leaves both off for speed (docs/PERFORMANCE.md)."""
+    """The detector the options ask for, on the engine's device. BlazeFace looks at each candidate again close
+    up (no face-like thing passes); for photos it also searches overlapping tiles of a large image (small
+    faces), while in video the tracker says which frames get that search and where followed faces are
+    looked for again (:class:`emonet.pipeline.VideoPipeline`)."""
     min_score, name = options.min_score, options.detector
     kwargs = {"min_score": min_score} if min_score is not None and name != "none" else {}
     if name == "blazeface":
         kwargs["cuda_graphs"] = engine.config.cuda_graphs  # a small job runs both networks eagerly
-        kwargs["tiles"] = kwargs["verify"] = not video
+        kwargs["tiles"] = not video
     return create_detector(name, engine.device, **kwargs)

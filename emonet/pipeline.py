@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .detection import FaceDetector
+from .detection.base import view_around
 from .detection.whole import WholeImageDetector
 from .engine import Engine
 from .geometry import CROP_SIZE, box_to_matrix, crop_frames, crop_to_image, landmarks_box, to_tensor
@@ -185,6 +186,15 @@ class Pipeline:
         return seconds
 
 
+# In video, the detector sees every detection frame whole, and each followed face that is small in the frame
+# (narrower than SMALL_FACE of its long side, which the whole frame shrunk to the network's input shows too
+# small) in a view of its own around it; every SEARCH_EVERY frames, counted from the first, it also searches
+# the whole frame in tiles for new faces, small ones included. Tiles on every detection frame would cost
+# several times the whole analysis of a frame; a view per small face costs one more small image.
+SEARCH_EVERY = 60
+SMALL_FACE = 0.1
+
+
 @dataclass
 class PendingChunk:
     """A chunk of video frames whose faces are planned and queued (see :class:`VideoPipeline`)."""
@@ -210,10 +220,12 @@ class VideoPipeline:
     """
 
     def __init__(self, pipeline: Pipeline, detect_every: int = 5, smooth: bool = True,
-                 tracker: Optional[Tracker] = None) -> None:
+                 tracker: Optional[Tracker] = None, search_every: int = SEARCH_EVERY) -> None:
         self.pipeline = pipeline
         self.engine, self.detector = pipeline.engine, pipeline.detector
         self.detect_every = detect_every
+        self.search_every = search_every
+        self.last_search: Optional[int] = None  # the frame of the last full search
         self.smooth = smooth
         self.tracker = tracker or Tracker()
         self.need_detection = True
@@ -224,11 +236,19 @@ class VideoPipeline:
         gpu = self.engine.device.type == "cuda"
         self.det_stream = torch.cuda.Stream(self.engine.device, priority=-1) if gpu else None
 
-    def _launch_detector(self, frames: list):
+    def _launch_detector(self, frames: list, search: Optional[list[bool]] = None):
+        search = search if search is not None else [False] * len(frames)
+        # Where the followed faces are small, a view around each (the tracks as the last finished chunk left them).
+        regions = []
+        for frame in frames:
+            long = max(frame.shape[:2])
+            regions.append([view_around(t.box, frame.shape) for t in self.tracker.active
+                            if max(t.box[2] - t.box[0], t.box[3] - t.box[1]) < SMALL_FACE * long])
         if self.det_stream is None:
-            return self.detector.launch([f.image for f in frames])
+            return self.detector.launch([f.image for f in frames], search=search, regions=regions)
         with torch.cuda.stream(self.det_stream):
-            return self.detector.launch([f.on_device(self.engine.device, self.det_stream) for f in frames])
+            return self.detector.launch([f.on_device(self.engine.device, self.det_stream) for f in frames],
+                                        search=search, regions=regions)
 
     def _collect_detector(self, handle) -> list:
         # On the detector's stream: its close look at the candidates (more network work) must not queue
@@ -243,14 +263,22 @@ class VideoPipeline:
 
         Every ``detect_every``-th frame of the video, counted from its first, whatever the chunks; and the
         next frame whenever a face was lost or its landmarks broke their bounds (:func:`emonet.tracking.bound_box`).
+        The first periodic detection frame, and the first one ``search_every`` frames or more after the last
+        such, also get the full search for new and small faces (the same frames at any chunk size).
         """
-        flags = []
+        flags, search = [], []
         for _ in chunk:
-            flags.append(self.need_detection or self.seen % self.detect_every == 0)
+            periodic = self.seen % self.detect_every == 0
+            flags.append(self.need_detection or periodic)
+            if flags[-1]:
+                full = periodic and (self.last_search is None or self.seen - self.last_search >= self.search_every)
+                search.append(full)
+                if full:
+                    self.last_search = self.seen
             self.seen += 1
             self.need_detection = False
         picked = [f for f, d in zip(chunk, flags) if d]
-        return flags, (self._launch_detector(picked) if picked else None)
+        return flags, (self._launch_detector(picked, search) if picked else None)
 
     def launch(self, chunk: list, flags: list[bool], handle) -> PendingChunk:
         """Track and plan every frame of the chunk, crop, and queue EmoNet (without waiting for it)."""

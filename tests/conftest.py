@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import numpy as np
 import torch
 
 import emonet
@@ -107,3 +108,28 @@ def reference_dir() -> Path:
 def reference_model(parity_checkpoint):
     """The parity model, loaded through the public loader from a released-format checkpoint."""
     return emonet.load_model(parity_checkpoint, device="cpu")
+
+
+FACE = np.array([175, 70, 275, 185])  # the astronaut's face in scikit-image's photo, checked by eye
+
+
+def small_faces_scene(widths=(40, 60, 90), places=((300, 700), (1000, 200), (1500, 800))):
+    """A 1920x1080 real scene (scikit-learn's photo of a temple, enlarged) holding copies of a real face
+    (scikit-image's astronaut) ``widths`` px wide at ``places``; returns the scene and the faces' boxes."""
+    import cv2
+
+    datasets = pytest.importorskip("sklearn.datasets", reason="scikit-learn holds the scene")
+    data = pytest.importorskip("skimage.data", reason="scikit-image holds the face")
+    scene = cv2.resize(np.ascontiguousarray(datasets.load_sample_image("china.jpg")), (1920, 1080))
+    astronaut = np.ascontiguousarray(data.astronaut())
+    truth = []
+    for (x, y), width in zip(places, widths):
+        s = width / (FACE[2] - FACE[0])
+        small = cv2.resize(astronaut, None, fx=s, fy=s, interpolation=cv2.INTER_AREA)
+        fx, fy = int(FACE[0] * s), int(FACE[1] * s)
+        pad = int(width * 0.6)
+        patch = small[max(fy - pad, 0):fy + int((FACE[3] - FACE[1]) * s) + pad, max(fx - pad, 0):fx + width + pad]
+        scene[y:y + patch.shape[0], x:x + patch.shape[1]] = patch
+        ox, oy = x - max(fx - pad, 0), y - max(fy - pad, 0)
+        truth.append(FACE * s + [ox, oy, ox, oy])
+    return scene, truth

@@ -12,6 +12,8 @@ from emonet.detection.blazeface import BlazeFaceDetector, _anchors, decode_blaze
 from emonet.detection.whole import WholeImageDetector
 from emonet.io.images import read_image
 
+from tests.conftest import small_faces_scene
+
 FACE = np.array([175, 70, 275, 185])  # the astronaut's face, checked by eye
 
 
@@ -239,27 +241,42 @@ def test_real_faces_score_well_above_the_threshold():
 
 
 def test_faces_40_px_wide_in_a_1080p_photo_are_found():
-    import cv2
-
-    # Three copies of a real face, 40, 60 and 90 px wide, in a 1920x1080 real scene (scikit-learn's
-    # photo of a temple, enlarged); the photo tool's detector (tiles, small tiles, the close look) finds
-    # each once and nothing else.
-    scene = cv2.resize(_sklearn("china.jpg"), (1920, 1080))
-    astronaut = _sample("astronaut")
-    truth = []
-    for (x, y), width in zip([(300, 700), (1000, 200), (1500, 800)], (40, 60, 90)):
-        s = width / (FACE[2] - FACE[0])
-        small = cv2.resize(astronaut, None, fx=s, fy=s, interpolation=cv2.INTER_AREA)
-        fx, fy = int(FACE[0] * s), int(FACE[1] * s)
-        pad = int(width * 0.6)
-        patch = small[max(fy - pad, 0):fy + int((FACE[3] - FACE[1]) * s) + pad, max(fx - pad, 0):fx + width + pad]
-        scene[y:y + patch.shape[0], x:x + patch.shape[1]] = patch
-        ox, oy = x - max(fx - pad, 0), y - max(fy - pad, 0)
-        truth.append(FACE * s + [ox, oy, ox, oy])
+    # Three copies of a real face, 40, 60 and 90 px wide, in a 1920x1080 real scene (scikit-learn's photo of
+    # a temple, enlarged); the photo tool's detector (tiles, small tiles, the close look) finds each once
+    # and nothing else.
+    scene, truth = small_faces_scene()
     found = BlazeFaceDetector("cpu").detect([scene])[0]
     assert len(found) == 3, found
     for box in truth:
         assert any(iou(f, box) > 0.4 for f in found), (box, found)
+
+
+def test_a_view_around_a_small_face_finds_it_without_the_full_search():
+    # What the video tool does between full searches: the whole frame and a view around each small face
+    # it follows. The whole frame alone shows 40- and 60-px faces too small; their views show them well.
+    from emonet.detection.base import view_around
+
+    scene, truth = small_faces_scene()
+    detector = BlazeFaceDetector("cpu", tiles=False)
+    assert not len(detector.detect([scene])[0])
+    views = [view_around(box, scene.shape) for box in truth[:2]]
+    assert all(side == int(4 * max(b[2] - b[0], b[3] - b[1])) for (_, _, side), b in zip(views, truth))
+    found = detector.collect(detector.launch([scene], search=[False], regions=[views]))[0]
+    assert len(found) == 2, found
+    for box in truth[:2]:
+        assert any(iou(f, box) > 0.4 for f in found), (box, found)
+    # The full search, asked for per image, finds all three.
+    searched = detector.collect(detector.launch([scene, scene], search=[True, False]))
+    assert [len(f) for f in searched] == [3, 0]
+
+
+def test_a_view_around_a_box_stays_inside_the_image():
+    from emonet.detection.base import view_around
+
+    assert view_around(np.array([0.0, 0.0, 20.0, 30.0]), (1080, 1920, 3)) == (0, 0, 120)
+    assert view_around(np.array([1900.0, 1000.0, 1920.0, 1080.0]), (1080, 1920, 3)) == (1600, 760, 320)
+    assert view_around(np.array([0.0, 0.0, 900.0, 900.0]), (1080, 1920, 3))[2] == 1080  # at most the short side
+    assert view_around(np.array([500.0, 500.0, 505.0, 505.0]), (1080, 1920, 3))[2] == 64  # at least 64 px
 
 
 def test_zoomed_crops_are_square_views_around_a_box_black_beyond_the_image():

@@ -7,7 +7,12 @@ import torch
 
 from emonet.engine import Engine, EngineConfig
 from emonet.geometry import box_to_matrix
-from emonet.pipeline import Pipeline, PlannedFace
+from emonet import pipeline as pipeline_module
+from emonet.detection.blazeface import BlazeFaceDetector
+from emonet.io.video import Frame
+from emonet.pipeline import Pipeline, PlannedFace, VideoPipeline
+from emonet.tracking import iou
+from tests.conftest import small_faces_scene
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +62,47 @@ def test_results_match_the_engine_outputs(pipeline, parity):
 def test_without_a_detector_boxes_must_be_given(pipeline):
     with pytest.raises(ValueError, match="no detector"):
         pipeline([np.zeros((64, 64, 3), np.uint8)])
+
+
+def _video(pipeline: Pipeline, frames: list, chunk: int = 3, **kwargs) -> list[list]:
+    """Run ``frames`` through a VideoPipeline in chunks, as the video tool does; per frame, its results."""
+    video = VideoPipeline(pipeline, **kwargs)
+    out = []
+    for start in range(0, len(frames), chunk):
+        part = frames[start:start + chunk]
+        flags, handle = video.detect(part)
+        out += video.finish(video.launch(part, flags, handle))
+    return out
+
+
+@pytest.mark.parametrize("views", [True, False])
+def test_small_faces_are_followed_between_full_searches(reference_model, monkeypatch, views):
+    # Faces 40 and 60 px wide in a 1080p frame: only the full search (frame 0) finds them in the whole frame;
+    # at the next detection (frame 5) the whole frame shows them too small, and a view around each, where
+    # the tracker last had it, finds them again with the same ids. Without those views they are lost.
+    if not views:
+        monkeypatch.setattr(pipeline_module, "SMALL_FACE", 0.0)
+    scene, truth = small_faces_scene(widths=(40, 60), places=((300, 700), (1000, 200)))
+    frames = [Frame(index=i, timestamp=i / 30, host=scene) for i in range(6)]
+    pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)),
+                        BlazeFaceDetector("cpu", tiles=False))
+    results = _video(pipeline, frames, detect_every=5, search_every=60)
+    first = results[0]
+    assert len(first) == 2 and all(f.detected for f in first)
+    assert all(any(iou(f.box, box) > 0.4 for f in first) for box in truth)
+    at_five = [f for f in results[5] if f.detected]
+    if views:
+        assert sorted(f.face_id for f in at_five) == [0, 1]
+        assert all(any(iou(f.box, box) > 0.4 for f in at_five) for box in truth)
+    else:
+        assert at_five == []
+
+
+def test_a_video_of_no_face_reports_none(reference_model):
+    # The video detector looks at every candidate close up, as the photo tool does: a flower is no face.
+    datasets = pytest.importorskip("sklearn.datasets", reason="scikit-learn holds the photo")
+    flower = np.ascontiguousarray(datasets.load_sample_image("flower.jpg"))
+    frames = [Frame(index=i, timestamp=i / 30, host=flower) for i in range(6)]
+    pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)),
+                        BlazeFaceDetector("cpu", tiles=False, min_score=0.65))  # 0.1 under the default
+    assert all(faces == [] for faces in _video(pipeline, frames, detect_every=5))

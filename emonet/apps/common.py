@@ -54,14 +54,16 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
     if detector:
         g.add_argument("--detector", default="blazeface", choices=DETECTORS,
                        help="blazeface (default; ships with the package, works offline; in photos larger than "
-                            "512 px it also searches overlapping tiles for small faces), sfd (S3FD, the "
+                            "512 px it also searches overlapping tiles for small faces, in video every 60 frames, "
+                            "and follows small faces in views of their own), sfd (S3FD, the "
                             "released demo's; downloads its weights on first use) or none (each image is "
                             "already a tight face crop)")
         g.add_argument("--min-score", type=_score, default=None, metavar="S",
                        help="report faces the detector scores at least S, between 0 and 1 (default for "
-                            "blazeface: 0.75 in photos, where each candidate is looked at again close up, chosen on "
-                            "real photos so that no flower, animal, food or object comes within 0.1 of it; 0.7 in "
-                            "video; 0.5 for sfd); lower it to find faint faces, raise it to drop doubtful ones")
+                            "blazeface: 0.75, in photos and video alike: each candidate is looked at again close "
+                            "up, and the threshold was chosen on real photos so that no flower, animal, food or "
+                            "object comes within 0.1 of it; 0.5 for sfd); lower it to find faint faces, raise it "
+                            "to drop doubtful ones")
 
 
 PRECISION_HELP = ("the arithmetic, whatever --engine says (default: auto, the engine's own: fp16 on a GPU, fp32 "

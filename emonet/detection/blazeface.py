@@ -283,14 +283,17 @@ class BlazeFaceDetector(FaceDetector):
     def detect(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
         return self.collect(self.launch(images))
 
-    def launch(self, images: Sequence[np.ndarray]) -> tuple:
+    def launch(self, images: Sequence[np.ndarray], search: Optional[Sequence[bool]] = None,
+               regions: Optional[Sequence[Sequence[tuple[int, int, int]]]] = None) -> tuple:
         views, owners = [], []  # every image whole, then its tiles: (image index, x, y, tile side or 0)
         for i, image in enumerate(images):
             views.append(image)
             owners.append((i, 0, 0, 0))
-            grids = tile_grid(image.shape[0], image.shape[1], 2 * self.size) if self.tiles else []
-            if self.small_tiles and 3 * self.size < max(image.shape[:2]) <= SMALL_TILES_UP_TO:
+            tiles, small = (self.tiles, self.small_tiles) if search is None else (search[i], search[i])
+            grids = tile_grid(image.shape[0], image.shape[1], 2 * self.size) if tiles else []
+            if small and 3 * self.size < max(image.shape[:2]) <= SMALL_TILES_UP_TO:
                 grids += tile_grid(image.shape[0], image.shape[1], 3 * self.size // 4)
+            grids += list(regions[i]) if regions is not None else []
             for x, y, side in grids:
                 views.append(image[y:y + side, x:x + side])
                 owners.append((i, x, y, side))
@@ -314,17 +317,25 @@ class BlazeFaceDetector(FaceDetector):
         merged = [merge_detections(parts_) for parts_ in found]
         if not self.verify:
             return merged
-        return [self._verified(image, faces) for image, faces in zip(images, merged)]
+        return self._verified(images, merged)
 
-    def _verified(self, image: Union[np.ndarray, torch.Tensor], candidates: np.ndarray) -> np.ndarray:
-        """The candidates re-scored by the close look (VERIFY_ZOOMS), those reaching ``min_score``, best first."""
-        if not len(candidates):
+    def _verified(self, images: Sequence[Union[np.ndarray, torch.Tensor]],
+                  candidates: list[np.ndarray]) -> list[np.ndarray]:
+        """Each image's candidates re-scored by the close look (VERIFY_ZOOMS), those reaching ``min_score``, best
+        first: every image's crops in one call of the front model and one copy back."""
+        crops = [zoomed_crops(image, faces[:, :4], VERIFY_ZOOMS, self.verifier.size, self.device)
+                 for image, faces in zip(images, candidates) if len(faces)]
+        if not crops:
             return candidates
-        crops = zoomed_crops(image, candidates[:, :4], VERIFY_ZOOMS, self.verifier.size, self.device)
-        faces = candidates.copy()
-        faces[:, 4] = self.verifier.centre_scores(crops).reshape(len(candidates), len(VERIFY_ZOOMS)).min(axis=1)
-        faces = faces[faces[:, 4] >= self.min_score]
-        return faces[np.argsort(-faces[:, 4], kind="stable")]
+        scores = self.verifier.centre_scores(torch.cat(crops)).reshape(-1, len(VERIFY_ZOOMS)).min(axis=1)
+        out, start = [], 0
+        for faces in candidates:
+            faces = faces.copy()
+            faces[:, 4] = scores[start:start + len(faces)]
+            start += len(faces)
+            faces = faces[faces[:, 4] >= self.min_score]
+            out.append(faces[np.argsort(-faces[:, 4], kind="stable")])
+        return out
 
     def centre_scores(self, crops: torch.Tensor) -> np.ndarray:
         """Per crop (``(B, 3, S, S)`` network input), the best score of a detection whose box covers the crop's

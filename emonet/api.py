@@ -44,8 +44,7 @@ class Reader:
         self.batch_size = batch_size
         engine_ = build_engine(options, batch_sizes=tuple(sorted({1, 4, batch_size})))
         self.pipeline = Pipeline(engine_, build_detector(options, engine_))
-        # Video frames are read as the video tool reads them (full searches and views of small faces as the
-        # tracker asks, every candidate looked at close up).
+        # Video frames are read as the video tool reads them (new faces looked at close up).
         self._video_pipeline = Pipeline(engine_, build_detector(options, engine_, video=True))
         self.class_names: list[str] = list(engine_.class_names)
 
@@ -54,12 +53,16 @@ class Reader:
         return self.pipeline(list(images))
 
     def video(self, source: Union[str, int], detect_every: int = 5, smooth: bool = True,
-              max_frames: Optional[int] = None) -> Iterator[FrameFaces]:
-        """Every frame of a video file (or camera index) with its faces, tracked with stable ids."""
+              max_frames: Optional[int] = None, small_faces: bool = False) -> Iterator[FrameFaces]:
+        """Every frame of a video file (or camera index) with its faces, tracked with stable ids
+        (``small_faces``: as ``emonet-video --small-faces``)."""
         from .io.video import VideoReader
         from .pipeline import VideoPipeline
 
-        video = VideoPipeline(self._video_pipeline, detect_every=detect_every, smooth=smooth)
+        if small_faces and self._video_pipeline.detector.name != "blazeface":
+            raise ValueError("small_faces needs the blazeface detector")
+        video = VideoPipeline(self._video_pipeline, detect_every=detect_every, smooth=smooth,
+                              small_faces=small_faces)
         # Results only, never pixels: on a GPU the frames stay there (no host copy of each one is made).
         reader = VideoReader(source, max_frames=max_frames, device=self.pipeline.engine.device, keep_host=False)
         try:

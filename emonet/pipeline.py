@@ -10,6 +10,7 @@ own frame's box and score, whatever the batch size.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import dataclass
@@ -186,13 +187,23 @@ class Pipeline:
         return seconds
 
 
-# In video, the detector sees every detection frame whole, and each followed face that is small in the frame
-# (narrower than SMALL_FACE of its long side, which the whole frame shrunk to the network's input shows too
-# small) in a view of its own around it; every SEARCH_EVERY frames, counted from the first, it also searches
-# the whole frame in tiles for new faces, small ones included. Tiles on every detection frame would cost
-# several times the whole analysis of a frame; a view per small face costs one more small image.
+# In video, the detector sees every detection frame whole. With small_faces, it also looks at each followed
+# face that is small in the frame (narrower than SMALL_FACE of its long side, which the whole frame shrunk
+# to the network's input shows too small) in a view of its own around it, and every SEARCH_EVERY frames,
+# counted from the first, it searches the whole frame in tiles for new faces, small ones included. Tiles on
+# every detection frame would cost several times the whole analysis of a frame; the views cost a third of
+# the video's speed on a GPU (docs/PERFORMANCE.md), hence a choice.
 SEARCH_EVERY = 60
 SMALL_FACE = 0.1
+
+
+def _small(box: np.ndarray, shape: tuple) -> bool:
+    return max(box[2] - box[0], box[3] - box[1]) < SMALL_FACE * max(shape[:2])
+
+
+def _seen(track) -> np.ndarray:
+    """Where the detector last saw a track's face."""
+    return track.det_box if track.det_box is not None else track.box
 
 
 @dataclass
@@ -220,12 +231,16 @@ class VideoPipeline:
     """
 
     def __init__(self, pipeline: Pipeline, detect_every: int = 5, smooth: bool = True,
-                 tracker: Optional[Tracker] = None, search_every: int = SEARCH_EVERY) -> None:
+                 tracker: Optional[Tracker] = None, small_faces: bool = False,
+                 search_every: int = SEARCH_EVERY) -> None:
         self.pipeline = pipeline
         self.engine, self.detector = pipeline.engine, pipeline.detector
         self.detect_every = detect_every
+        self.small_faces = small_faces
         self.search_every = search_every
         self.last_search: Optional[int] = None  # the frame of the last full search
+        self._looked: dict[int, tuple[bool, list, bool]] = {}  # detection frame -> (full search, views, periodic)
+        self._known = np.zeros((0, 4))  # the faces the last periodic detection found
         self.smooth = smooth
         self.tracker = tracker or Tracker()
         self.need_detection = True
@@ -236,71 +251,105 @@ class VideoPipeline:
         gpu = self.engine.device.type == "cuda"
         self.det_stream = torch.cuda.Stream(self.engine.device, priority=-1) if gpu else None
 
-    def _launch_detector(self, frames: list, search: Optional[list[bool]] = None):
+    def _launch_detector(self, frames: list, search: Optional[list[bool]] = None,
+                         periodic: Optional[list[bool]] = None):
         search = search if search is not None else [False] * len(frames)
-        # Where the followed faces are small, a view around each (the tracks as the last finished chunk left them).
+        periodic = periodic if periodic is not None else [False] * len(frames)
+        # A view around each followed face that the whole frame shows too small, where the detector last saw
+        # it (landmarks between detections can be poor; the view is wide enough for the face to move); what
+        # each frame gets is kept, so that a face not looked for is no miss.
         regions = []
-        for frame in frames:
-            long = max(frame.shape[:2])
-            regions.append([view_around(t.box, frame.shape) for t in self.tracker.active
-                            if max(t.box[2] - t.box[0], t.box[3] - t.box[1]) < SMALL_FACE * long])
+        for frame, full, is_periodic in zip(frames, search, periodic):
+            regions.append([view_around(_seen(t), frame.shape) for t in self.tracker.tracks
+                            if self.small_faces and _small(_seen(t), frame.shape)])
+            self._looked[frame.index] = (full, regions[-1], is_periodic)
         if self.det_stream is None:
             return self.detector.launch([f.image for f in frames], search=search, regions=regions)
         with torch.cuda.stream(self.det_stream):
             return self.detector.launch([f.on_device(self.engine.device, self.det_stream) for f in frames],
                                         search=search, regions=regions)
 
-    def _collect_detector(self, handle) -> list:
+    def _looked_at(self, frame) -> Callable:
+        """Whether the detector looked where a track's face could be seen on ``frame``: the whole frame shows
+        faces that are not small, a full search or a view around it the small ones."""
+        full, regions, _ = self._looked.pop(frame.index, (False, [], False))
+
+        def looked_at(track) -> bool:
+            box = _seen(track)
+            if full or not self.small_faces or not _small(box, frame.shape):
+                return True
+            cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+            return any(x <= cx <= x + side and y <= cy <= y + side for x, y, side in regions)
+        return looked_at
+
+    def _collect_detector(self, handle, frames: list) -> list:
+        # The faces the last periodic detection found need no second look (the detector looks close up at new
+        # and doubtful ones); each periodic frame hands its faces on, so they never depend on the chunks.
+        periodic = [self._looked.get(f.index, (False, [], False))[2] for f in frames]
+        known = self._known
         # On the detector's stream: its close look at the candidates (more network work) must not queue
         # behind, and wait for, the previous chunk's EmoNet work on the main stream.
-        if self.det_stream is None:
-            return self.detector.collect(handle)
-        with torch.cuda.stream(self.det_stream):
-            return self.detector.collect(handle)
+        with torch.cuda.stream(self.det_stream) if self.det_stream is not None else contextlib.nullcontext():
+            found = self.detector.collect(handle, known, periodic)
+        for faces, is_periodic in zip(found, periodic):
+            if is_periodic:
+                self._known = np.asarray(faces)[:, :4].reshape(-1, 4)
+        return found
 
     def detect(self, chunk: list) -> tuple[list[bool], object]:
         """Decide which frames of the chunk run the detector, and queue it on them (``launch`` collects).
 
         Every ``detect_every``-th frame of the video, counted from its first, whatever the chunks; and the
         next frame whenever a face was lost or its landmarks broke their bounds (:func:`emonet.tracking.bound_box`).
-        The first periodic detection frame, and the first one ``search_every`` frames or more after the last
-        such, also get the full search for new and small faces (the same frames at any chunk size).
+        With ``small_faces``, the first periodic detection frame, and the first one ``search_every`` frames or
+        more after the last such, also get the full search for new and small faces (the same frames at any
+        chunk size).
         """
-        flags, search = [], []
+        flags, search, periodics = [], [], []
         for _ in chunk:
             periodic = self.seen % self.detect_every == 0
             flags.append(self.need_detection or periodic)
             if flags[-1]:
-                full = periodic and (self.last_search is None or self.seen - self.last_search >= self.search_every)
+                periodics.append(periodic)
+                full = self.small_faces and periodic and (self.last_search is None
+                                                          or self.seen - self.last_search >= self.search_every)
                 search.append(full)
                 if full:
                     self.last_search = self.seen
             self.seen += 1
             self.need_detection = False
         picked = [f for f, d in zip(chunk, flags) if d]
-        return flags, (self._launch_detector(picked, search) if picked else None)
+        return flags, (self._launch_detector(picked, search, periodics) if picked else None)
 
     def launch(self, chunk: list, flags: list[bool], handle) -> PendingChunk:
         """Track and plan every frame of the chunk, crop, and queue EmoNet (without waiting for it)."""
-        boxes = self._collect_detector(handle) if handle is not None else []
+        first = []
         if self.need_detection:  # the previous chunk lost a face after this one's detection was planned
             if not flags[0]:
-                flags[0] = True
-                boxes.insert(0, self._collect_detector(self._launch_detector(chunk[:1]))[0])
+                first = self._collect_detector(self._launch_detector(chunk[:1]), chunk[:1])
             self.need_detection = False
+        boxes = self._collect_detector(handle, [f for f, d in zip(chunk, flags) if d]) if handle is not None else []
+        if first:
+            flags[0] = True
+            boxes.insert(0, first[0])
         detections = iter(boxes)
         planned, tracks = [], []
         max_faces = self.pipeline.max_faces
         for i, (frame, is_det) in enumerate(zip(chunk, flags)):
             if is_det:
                 dets = next(detections)
-                for track in self.tracker.update(dets[:max_faces] if max_faces else dets, frame.index):
+                followed = self.tracker.update(dets[:max_faces] if max_faces else dets, frame.index,
+                                               self._looked_at(frame))
+                if max_faces:  # faces not looked for stay followed: those seen on this frame come first
+                    followed = sorted(followed, key=lambda t: t.det_frame != frame.index)[:max_faces]
+            else:
+                followed = self.tracker.active
+            for track in followed:
+                if track.det_frame == frame.index:  # the detector saw it on this frame
                     box = track.box.copy()  # a snapshot: a later frame of the chunk moves the track on
                     planned.append(PlannedFace(i, frame.index, track.id, box, track.score, True,
                                                self.detector.crop_matrix(box, frame.shape)))
-                    tracks.append(track)
-            else:
-                for track in self.tracker.active:
+                else:
                     # From the last landmarks or, where the detector saw the face later (earlier in this
                     # chunk), from its box: whichever is newer.
                     matrix = track.crop_matrix()
@@ -308,7 +357,7 @@ class VideoPipeline:
                         matrix = self.detector.crop_matrix(track.box, frame.shape)
                     # No detector score: the detector did not see this frame (rows say detected=0).
                     planned.append(PlannedFace(i, frame.index, track.id, None, float("nan"), False, matrix))
-                    tracks.append(track)
+                tracks.append(track)
         if self.det_stream is not None and planned:  # uploaded once (by the reader), shared with the detector
             stream = torch.cuda.current_stream(self.engine.device)
             pixels = [f.on_device(self.engine.device, stream) for f in chunk]

@@ -43,3 +43,22 @@ def test_the_readme_example_runs_as_written(clip, tmp_path):
     out = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "face 0" in out.stdout
+
+
+def test_small_faces_are_found_in_video_when_asked_for(tmp_path):
+    from emonet.io.writer import VideoWriter
+    from emonet.tracking import iou
+
+    from .conftest import small_faces_scene
+
+    scene, truth = small_faces_scene(widths=(40, 90), places=((300, 700), (1000, 200)))
+    path = tmp_path / "small.mp4"
+    writer = VideoWriter(path, 30.0, (1920, 1080))
+    for _ in range(3):
+        writer.write(scene)
+    writer.close()
+    reader = emonet.Reader(weights="random", device="cpu", batch_size=4)
+    plain = list(reader.video(str(path)))[0].faces
+    small = list(reader.video(str(path), small_faces=True))[0].faces
+    assert not any(iou(f.box, truth[0]) > 0.4 for f in plain)
+    assert any(iou(f.box, truth[0]) > 0.4 for f in small) and any(iou(f.box, truth[1]) > 0.4 for f in small)

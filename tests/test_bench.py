@@ -55,3 +55,15 @@ def test_help_names_the_command_and_shows_examples():
     assert out.returncode == 0 and out.stdout.startswith("usage: emonet-bench")
     assert "examples:" in out.stdout and "emonet-bench --device cpu --quick" in out.stdout
     assert "under a minute" not in out.stdout
+
+
+def test_the_auto_mode_is_the_tools_gpu_default():
+    import torch
+
+    from emonet.bench.run import GPU_DEFAULT, MODES
+    from emonet.build import engine_config
+    from emonet.engine import EngineConfig
+
+    (auto,) = [m for m in MODES if m.name == "auto"]
+    assert "auto" in GPU_DEFAULT and not auto.cudnn_benchmark
+    assert EngineConfig(**auto.engine) == engine_config("auto", torch.device("cuda", 0))

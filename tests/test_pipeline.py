@@ -77,25 +77,38 @@ def _video(pipeline: Pipeline, frames: list, chunk: int = 3, **kwargs) -> list[l
 
 @pytest.mark.parametrize("views", [True, False])
 def test_small_faces_are_followed_between_full_searches(reference_model, monkeypatch, views):
-    # Faces 40 and 60 px wide in a 1080p frame: only the full search (frame 0) finds them in the whole frame;
-    # at the next detection (frame 5) the whole frame shows them too small, and a view around each, where
-    # the tracker last had it, finds them again with the same ids. Without those views they are lost.
-    if not views:
+    # Faces 40 and 60 px wide in a 1080p frame: only the full search (frame 0) finds them in the whole frame.
+    # Frame 5, in the same chunk, was queued before that search came back: the detector did not look for
+    # them there, which is no miss, so they stay followed. At frame 10 a view around each, where the tracker
+    # last had it, finds them again with the same ids. Without those views, frame 10 misses them.
+    if not views:  # no face counts as small: no views (and every miss counts); frame 0's full search still runs
         monkeypatch.setattr(pipeline_module, "SMALL_FACE", 0.0)
     scene, truth = small_faces_scene(widths=(40, 60), places=((300, 700), (1000, 200)))
-    frames = [Frame(index=i, timestamp=i / 30, host=scene) for i in range(6)]
+    frames = [Frame(index=i, timestamp=i / 30, host=scene) for i in range(11)]
     pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)),
                         BlazeFaceDetector("cpu", tiles=False))
-    results = _video(pipeline, frames, detect_every=5, search_every=60)
+    results = _video(pipeline, frames, chunk=6, detect_every=5, small_faces=True, search_every=60)
     first = results[0]
     assert len(first) == 2 and all(f.detected for f in first)
     assert all(any(iou(f.box, box) > 0.4 for f in first) for box in truth)
-    at_five = [f for f in results[5] if f.detected]
     if views:
-        assert sorted(f.face_id for f in at_five) == [0, 1]
-        assert all(any(iou(f.box, box) > 0.4 for f in at_five) for box in truth)
+        assert sorted((f.face_id, f.detected) for f in results[5]) == [(0, False), (1, False)]
+        at_ten = results[10]
+        assert sorted((f.face_id, f.detected) for f in at_ten) == [(0, True), (1, True)]
+        assert all(any(iou(f.box, box) > 0.4 for f in at_ten) for box in truth)
+        capped = Pipeline(pipeline.engine, BlazeFaceDetector("cpu", tiles=False), max_faces=1)
+        assert all(len(faces) == 1 for faces in _video(capped, frames, chunk=6, detect_every=5, small_faces=True))
     else:
-        assert at_five == []
+        assert results[10] == []  # missed at frames 5 and 10: no longer followed
+
+
+def test_without_small_faces_the_whole_frame_alone_is_searched(reference_model):
+    scene, truth = small_faces_scene(widths=(40, 90), places=((300, 700), (1000, 200)))
+    frames = [Frame(index=i, timestamp=i / 30, host=scene) for i in range(2)]
+    pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)),
+                        BlazeFaceDetector("cpu", tiles=False))
+    faces = _video(pipeline, frames, chunk=2, detect_every=5)[0]
+    assert not any(iou(f.box, truth[0]) > 0.4 for f in faces)  # the 40-px face needs --small-faces
 
 
 def test_a_video_of_no_face_reports_none(reference_model):

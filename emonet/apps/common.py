@@ -15,8 +15,8 @@ from ..runtime import PRECISIONS, DeviceError
 
 
 ENGINE_HELP = ("how the network runs (default: auto). auto: on a GPU, 'fast' with every crop in a batch of one "
-               "size and cuDNN's heuristic kernels, so a face gets the same numbers in any job, batch or process "
-               "(without CUDA graphs for a job of a few images, which would not repay them; the same numbers); "
+               "size and cuDNN's heuristic kernels, so a face crop gets the same numbers in any job, batch or "
+               "process (without CUDA graphs for a job of a few images, which would not repay them; the same numbers); "
                "on a CPU, the exact fp32 network, whatever the CPU; fp32 with --deterministic. eager: the "
                "released model as it is, fp32, one call per batch. fast: fp16 on a GPU (bf16 on a CPU), "
                "channels_last, exact folding of BatchNorm and the 1x1 convolutions, CUDA graphs per batch size "
@@ -54,13 +54,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
     if detector:
         g.add_argument("--detector", default="blazeface", choices=DETECTORS,
                        help="blazeface (default; ships with the package, works offline; in photos larger than "
-                            "512 px it also searches overlapping tiles for small faces, in video every 60 frames, "
-                            "and follows small faces in views of their own), sfd (S3FD, the "
+                            "512 px it also searches overlapping tiles for small faces; in video with --small-faces), sfd (S3FD, the "
                             "released demo's; downloads its weights on first use) or none (each image is "
                             "already a tight face crop)")
         g.add_argument("--min-score", type=_score, default=None, metavar="S",
                        help="report faces the detector scores at least S, between 0 and 1 (default for "
-                            "blazeface: 0.75, in photos and video alike: each candidate is looked at again close "
+                            "blazeface: 0.75, in photos and video alike: each new face is looked at again close "
                             "up, and the threshold was chosen on real photos so that no flower, animal, food or "
                             "object comes within 0.1 of it; 0.5 for sfd); lower it to find faint faces, raise it "
                             "to drop doubtful ones")

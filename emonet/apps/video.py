@@ -164,7 +164,8 @@ class VideoJob:
         self.reader = reader
         self.outputs = outputs
         self.engine, self.detector, self.pipeline = pipeline.engine, pipeline.detector, pipeline
-        self.video = VideoPipeline(pipeline, detect_every=args.detect_every, smooth=args.smooth)
+        self.video = VideoPipeline(pipeline, detect_every=args.detect_every, smooth=args.smooth,
+                                   small_faces=args.small_faces)
         self.names = self.engine.class_names
         self.rows = RowWriter(outputs.csv, outputs.jsonl, self.names, args.landmarks, self.engine.untrained)
         self.trails: dict[int, deque] = {}  # face id -> its last (valence, arousal), for the drawn panel
@@ -648,6 +649,11 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     run_group.add_argument("--detect-every", type=int, default=5,
                            help="run the face detector every N frames, and whenever a face is lost; in between, "
                                 "crop from the last landmarks (default: 5)")
+    run_group.add_argument("--small-faces", action="store_true",
+                           help="also find and keep faces under a tenth of the frame's long side (from about 40 px "
+                                "in 1080p): the frame is searched in tiles every 60 frames, and each small face "
+                                "it follows is looked for in a view around it; costs about a third of the speed "
+                                "on a GPU (docs/PERFORMANCE.md, Face detection)")
     run_group.add_argument("--decoder", choices=("auto", "cpu", "nvdec"), default="auto",
                            help="where a video file is decoded: auto (default) decodes on the GPU's NVDEC while "
                                 "an annotated video is written, if NVIDIA's PyNvVideoCodec is installed (x264 then "
@@ -671,6 +677,8 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
         parser.error("--decoder nvdec needs NVIDIA's PyNvVideoCodec (pip install PyNvVideoCodec) and an NVIDIA GPU")
     if args.no_video and args.output:
         parser.error("--no-video and --output ask for opposite things: drop one")
+    if args.small_faces and args.detector != "blazeface":
+        parser.error(f"--small-faces needs --detector blazeface ({args.detector} searches each frame its own way)")
     if args.out_dir is not None:
         if args.output or args.csv or args.jsonl:
             parser.error("with --out-dir every output is named after its video: drop --output, --csv and --jsonl "

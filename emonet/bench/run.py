@@ -64,6 +64,10 @@ MODES = [
                                                                "fold_bn": True}),
     Mode("fp16-graph", "fp16, channels_last, folded, CUDA graphs",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "cuda_graphs": True}),
+    # The tools' GPU default (emonet.build.engine_config("auto", ...); tests/test_bench.py holds the two together).
+    Mode("auto", "the tools' GPU default: fp16-graph, every crop in a batch of 16, cudnn.benchmark off",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "cuda_graphs": True, "fixed_batch": 16},
+         cudnn_benchmark=False),
     Mode("fp16-graph-nobench", "fp16-graph with cudnn.benchmark off",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "cuda_graphs": True},
          cudnn_benchmark=False),
@@ -97,7 +101,7 @@ MODES = [
           "cuda_graphs": True}, compiled=True),
 ]
 GPU_DEFAULT = ["released", "released+bench", "released+determ", "tf32", "fp16-eager", "bf16-eager",
-               "fp16-graph", "fp16-graph-nobench", "fp16-graph-determ", "compile-graph"]
+               "auto", "fp16-graph", "fp16-graph-nobench", "fp16-graph-determ", "compile-graph"]
 CPU_DEFAULT = ["released", "fp32-eager", "bf16-eager"]
 
 

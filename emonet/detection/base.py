@@ -16,7 +16,7 @@ class DetectorError(Exception):
     """A detector cannot be set up (weights missing, offline download, ...); the message says what to do."""
 
 
-def view_around(box: np.ndarray, shape: tuple, zoom: float = 4.0, least: int = 64) -> tuple[int, int, int]:
+def view_around(box: np.ndarray, shape: tuple, zoom: float = 6.0, least: int = 64) -> tuple[int, int, int]:
     """A square view ``(x, y, side)`` ``zoom`` times ``box``'s longer side (at least ``least`` px) around its
     centre, moved inside the image (and no larger than its short side): where a face already followed is
     looked for again, at a scale the network sees well however small it is in the whole image."""
@@ -26,6 +26,17 @@ def view_around(box: np.ndarray, shape: tuple, zoom: float = 4.0, least: int = 6
     x = int(np.clip(round(cx - side / 2), 0, w - side))
     y = int(np.clip(round(cy - side / 2), 0, h - side))
     return x, y, side
+
+
+def near(box: np.ndarray, others: np.ndarray) -> bool:
+    """Whether ``box`` is one of ``others`` (``(k, 4+)``) moved a little: its centre within 0.6 of that box's
+    size, its size within a factor of 2 (what the tracker still counts as the same face)."""
+    if others is None or not len(others):
+        return False
+    size = np.maximum(others[:, 2] - others[:, 0], others[:, 3] - others[:, 1])
+    own = max(box[2] - box[0], box[3] - box[1])
+    shift = np.hypot((box[0] + box[2] - others[:, 0] - others[:, 2]) / 2, (box[1] + box[3] - others[:, 1] - others[:, 3]) / 2)
+    return bool(np.any((shift < 0.6 * size) & (own < 2 * size) & (size < 2 * own)))
 
 
 class FaceDetector:
@@ -50,8 +61,11 @@ class FaceDetector:
         faces already followed)."""
         return self.detect(images)
 
-    def collect(self, handle) -> list[np.ndarray]:
-        """The boxes of a :meth:`launch`, waiting for them if need be."""
+    def collect(self, handle, known: Optional[np.ndarray] = None,
+                periodic: Optional[Sequence[bool]] = None) -> list[np.ndarray]:
+        """The boxes of a :meth:`launch`, waiting for them if need be. ``known``: the faces a video's last
+        periodic detection found, which a detector that double-checks new faces need not check again (the
+        images marked ``periodic`` hand theirs on to the next)."""
         return handle
 
     def crop_matrix(self, box: np.ndarray, image_shape: tuple) -> np.ndarray:

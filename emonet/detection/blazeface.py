@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
-from .base import DetectorError, FaceDetector
+from .base import DetectorError, FaceDetector, near
 
 WEIGHTS = Path(__file__).resolve().parent / "blazeface.pth"
 
@@ -233,7 +233,7 @@ class BlazeFaceDetector(FaceDetector):
         self.min_score = float(min_score) if min_score is not None else (
             DEFAULT_MIN_SCORE if self.verify else UNVERIFIED_MIN_SCORE)
         self.size = 256 if model == "back" else 128
-        self.max_batch = 8
+        self.max_batch = 16
         # An image much larger than the network's input is also searched in overlapping tiles, where a
         # small face is seen at a usable scale; with small_tiles (default: with tiles), an image over
         # three times the input (and up to SMALL_TILES_UP_TO) also in tiles of 1.5 times it, where a
@@ -300,7 +300,13 @@ class BlazeFaceDetector(FaceDetector):
         parts = [self._launch(views[start:start + self.max_batch]) for start in range(0, len(views), self.max_batch)]
         return parts, owners, [image.shape[:2] for image in images], (images if self.verify else None)
 
-    def collect(self, handle: tuple) -> list[np.ndarray]:
+    def collect(self, handle: tuple, known: Optional[np.ndarray] = None,
+                periodic: Optional[Sequence[bool]] = None) -> list[np.ndarray]:
+        """Per image, its faces (see :meth:`detect`). ``known`` (video): the faces found at the last periodic
+        detection frame before these images; a candidate near one of them whose first look alone reaches
+        ``min_score`` is kept on that score, and only the others are looked at close up. The images are taken
+        in order, and each one that ``periodic`` marks hands its faces on as the known ones of the next: a
+        frame's faces then depend on the frames before it, never on how they were batched."""
         parts, owners, shapes, images = handle
         per_view = [faces for part in parts for faces in self._collect(*part)]
         found: list[list[np.ndarray]] = [[] for _ in shapes]
@@ -317,7 +323,19 @@ class BlazeFaceDetector(FaceDetector):
         merged = [merge_detections(parts_) for parts_ in found]
         if not self.verify:
             return merged
-        return self._verified(images, merged)
+        if known is None:
+            return self._verified(images, merged)
+        # A face already followed passed the close look when it was first found: where its first look alone
+        # reaches min_score it is kept, and the close look (and the wait for it) is for new or doubtful ones.
+        out = []
+        for i, faces in enumerate(merged):
+            followed = np.array([face[4] >= self.min_score and near(face, known) for face in faces], bool)
+            new = self._verified([images[i]], [faces[~followed]])[0] if (~followed).any() else faces[:0]
+            faces = np.concatenate([faces[followed], new])
+            out.append(faces[np.argsort(-faces[:, 4], kind="stable")])
+            if periodic is None or periodic[i]:
+                known = out[-1][:, :4]
+        return out
 
     def _verified(self, images: Sequence[Union[np.ndarray, torch.Tensor]],
                   candidates: list[np.ndarray]) -> list[np.ndarray]:
@@ -363,10 +381,14 @@ class BlazeFaceDetector(FaceDetector):
         return torch.cat(scores).cpu().numpy().astype(np.float64)
 
     def warmup(self, shape: tuple = (720, 1280, 3)) -> None:
-        """Run every padded batch size once, so cuDNN's autotuning is paid at load, not on real frames."""
+        """Run every padded batch size once, the close look's too, so kernel selection and graph capture are
+        paid at load, not on real frames (a blank image has no candidate to look at)."""
         blank = np.zeros(shape, np.uint8)
         for b in (1 << k for k in range(self.max_batch.bit_length())):
             self.detect([blank] * b)
+        if self.verifier is not None:
+            for b in (1 << k for k in range(self.verifier.max_batch.bit_length())):
+                self.verifier.centre_scores(torch.zeros(b, 3, self.verifier.size, self.verifier.size, device=self.device))
 
     def _launch(self, images: Sequence[np.ndarray]) -> tuple:
         x, params = self.letterbox(images)

@@ -208,7 +208,8 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.warmup_ms = (time.perf_counter() - t0) * 1e3
-        paid = [name for name, on in (("cuDNN autotuning", self.device.type == "cuda"),
+        autotuned = self.device.type == "cuda" and torch.backends.cudnn.benchmark
+        paid = [name for name, on in (("cuDNN autotuning", autotuned),
                                       ("compilation", self._compiled),
                                       ("CUDA graph capture", self.config.cuda_graphs)) if on]
         self._log(f"engine warm-up ({self.config.name}, batch sizes "

@@ -44,8 +44,11 @@ class Reader:
         self.batch_size = batch_size
         engine_ = build_engine(options, batch_sizes=tuple(sorted({1, 4, batch_size})))
         self.pipeline = Pipeline(engine_, build_detector(options, engine_))
-        # Video frames are read as the video tool reads them (new faces looked at close up).
+        # Video frames are read as the video tool reads them (its detector: the whole frame, no close look;
+        # with small_faces, as --small-faces: made on first use).
         self._video_pipeline = Pipeline(engine_, build_detector(options, engine_, video=True))
+        self._small_faces_pipeline = lambda: Pipeline(engine_, build_detector(options, engine_, video=True,
+                                                                             small_faces=True))
         self.class_names: list[str] = list(engine_.class_names)
 
     def images(self, images: Sequence[np.ndarray]) -> list[list[FaceResult]]:
@@ -61,8 +64,8 @@ class Reader:
 
         if small_faces and self._video_pipeline.detector.name != "blazeface":
             raise ValueError("small_faces needs the blazeface detector")
-        video = VideoPipeline(self._video_pipeline, detect_every=detect_every, smooth=smooth,
-                              small_faces=small_faces)
+        pipeline = self._small_faces_pipeline() if small_faces else self._video_pipeline
+        video = VideoPipeline(pipeline, detect_every=detect_every, smooth=smooth, small_faces=small_faces)
         # Results only, never pixels: on a GPU the frames stay there (no host copy of each one is made).
         reader = VideoReader(source, max_frames=max_frames, device=self.pipeline.engine.device, keep_host=False)
         try:

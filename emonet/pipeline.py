@@ -187,12 +187,13 @@ class Pipeline:
         return seconds
 
 
-# In video, the detector sees every detection frame whole. With small_faces, it also looks at each followed
-# face that is small in the frame (narrower than SMALL_FACE of its long side, which the whole frame shrunk
-# to the network's input shows too small) in a view of its own around it, and every SEARCH_EVERY frames,
-# counted from the first, it searches the whole frame in tiles for new faces, small ones included. Tiles on
-# every detection frame would cost several times the whole analysis of a frame; the views cost a third of
-# the video's speed on a GPU (docs/PERFORMANCE.md), hence a choice.
+# In video, the detector sees every detection frame whole. With small_faces (and a detector that looks at
+# every candidate close up, see emonet.build.build_detector), it also looks at each followed face that is
+# small in the frame (narrower than SMALL_FACE of its long side, which the whole frame shrunk to the
+# network's input shows too small) in a view of its own around it, and every SEARCH_EVERY frames, counted
+# from the first, it searches the whole frame in tiles for new faces, small ones included. Tiles on every
+# detection frame would cost several times the whole analysis of a frame; the views and the close look
+# cost about a third of the video's speed on a GPU (docs/PERFORMANCE.md), hence a choice.
 SEARCH_EVERY = 60
 SMALL_FACE = 0.1
 
@@ -239,8 +240,7 @@ class VideoPipeline:
         self.small_faces = small_faces
         self.search_every = search_every
         self.last_search: Optional[int] = None  # the frame of the last full search
-        self._looked: dict[int, tuple[bool, list, bool]] = {}  # detection frame -> (full search, views, periodic)
-        self._known = np.zeros((0, 4))  # the faces the last periodic detection found
+        self._looked: dict[int, tuple[bool, list]] = {}  # detection frame -> (full search, views) asked for
         self.smooth = smooth
         self.tracker = tracker or Tracker()
         self.need_detection = True
@@ -251,18 +251,16 @@ class VideoPipeline:
         gpu = self.engine.device.type == "cuda"
         self.det_stream = torch.cuda.Stream(self.engine.device, priority=-1) if gpu else None
 
-    def _launch_detector(self, frames: list, search: Optional[list[bool]] = None,
-                         periodic: Optional[list[bool]] = None):
+    def _launch_detector(self, frames: list, search: Optional[list[bool]] = None):
         search = search if search is not None else [False] * len(frames)
-        periodic = periodic if periodic is not None else [False] * len(frames)
         # A view around each followed face that the whole frame shows too small, where the detector last saw
         # it (landmarks between detections can be poor; the view is wide enough for the face to move); what
         # each frame gets is kept, so that a face not looked for is no miss.
         regions = []
-        for frame, full, is_periodic in zip(frames, search, periodic):
+        for frame, full in zip(frames, search):
             regions.append([view_around(_seen(t), frame.shape) for t in self.tracker.tracks
                             if self.small_faces and _small(_seen(t), frame.shape)])
-            self._looked[frame.index] = (full, regions[-1], is_periodic)
+            self._looked[frame.index] = (full, regions[-1])
         if self.det_stream is None:
             return self.detector.launch([f.image for f in frames], search=search, regions=regions)
         with torch.cuda.stream(self.det_stream):
@@ -272,7 +270,7 @@ class VideoPipeline:
     def _looked_at(self, frame) -> Callable:
         """Whether the detector looked where a track's face could be seen on ``frame``: the whole frame shows
         faces that are not small, a full search or a view around it the small ones."""
-        full, regions, _ = self._looked.pop(frame.index, (False, [], False))
+        full, regions = self._looked.pop(frame.index, (False, []))
 
         def looked_at(track) -> bool:
             box = _seen(track)
@@ -282,19 +280,11 @@ class VideoPipeline:
             return any(x <= cx <= x + side and y <= cy <= y + side for x, y, side in regions)
         return looked_at
 
-    def _collect_detector(self, handle, frames: list) -> list:
-        # The faces the last periodic detection found need no second look (the detector looks close up at new
-        # and doubtful ones); each periodic frame hands its faces on, so they never depend on the chunks.
-        periodic = [self._looked.get(f.index, (False, [], False))[2] for f in frames]
-        known = self._known
+    def _collect_detector(self, handle) -> list:
         # On the detector's stream: its close look at the candidates (more network work) must not queue
         # behind, and wait for, the previous chunk's EmoNet work on the main stream.
         with torch.cuda.stream(self.det_stream) if self.det_stream is not None else contextlib.nullcontext():
-            found = self.detector.collect(handle, known, periodic)
-        for faces, is_periodic in zip(found, periodic):
-            if is_periodic:
-                self._known = np.asarray(faces)[:, :4].reshape(-1, 4)
-        return found
+            return self.detector.collect(handle)
 
     def detect(self, chunk: list) -> tuple[list[bool], object]:
         """Decide which frames of the chunk run the detector, and queue it on them (``launch`` collects).
@@ -305,12 +295,11 @@ class VideoPipeline:
         more after the last such, also get the full search for new and small faces (the same frames at any
         chunk size).
         """
-        flags, search, periodics = [], [], []
+        flags, search = [], []
         for _ in chunk:
             periodic = self.seen % self.detect_every == 0
             flags.append(self.need_detection or periodic)
             if flags[-1]:
-                periodics.append(periodic)
                 full = self.small_faces and periodic and (self.last_search is None
                                                           or self.seen - self.last_search >= self.search_every)
                 search.append(full)
@@ -319,19 +308,16 @@ class VideoPipeline:
             self.seen += 1
             self.need_detection = False
         picked = [f for f, d in zip(chunk, flags) if d]
-        return flags, (self._launch_detector(picked, search, periodics) if picked else None)
+        return flags, (self._launch_detector(picked, search) if picked else None)
 
     def launch(self, chunk: list, flags: list[bool], handle) -> PendingChunk:
         """Track and plan every frame of the chunk, crop, and queue EmoNet (without waiting for it)."""
-        first = []
+        boxes = self._collect_detector(handle) if handle is not None else []
         if self.need_detection:  # the previous chunk lost a face after this one's detection was planned
             if not flags[0]:
-                first = self._collect_detector(self._launch_detector(chunk[:1]), chunk[:1])
+                flags[0] = True
+                boxes.insert(0, self._collect_detector(self._launch_detector(chunk[:1]))[0])
             self.need_detection = False
-        boxes = self._collect_detector(handle, [f for f, d in zip(chunk, flags) if d]) if handle is not None else []
-        if first:
-            flags[0] = True
-            boxes.insert(0, first[0])
         detections = iter(boxes)
         planned, tracks = [], []
         max_faces = self.pipeline.max_faces

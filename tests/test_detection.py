@@ -291,31 +291,3 @@ def test_zoomed_crops_are_square_views_around_a_box_black_beyond_the_image():
     first, second = (crops + 1) * 127.5
     assert torch.allclose(first[:, 40:, 40:], torch.tensor(200.0), atol=1) and first[:, :10, :10].abs().max() < 1
     assert torch.allclose(second, torch.tensor(200.0), atol=1)  # wholly inside the image
-
-
-def test_a_face_already_followed_is_not_looked_at_again(detector, photo):
-    # The close look re-scores new and doubtful candidates only: a face near one already followed whose first
-    # look reaches the threshold keeps that score.
-    known = np.array([FACE + [6, -4, 6, -4]], float)
-    first_look = BlazeFaceDetector("cpu", verify=False, min_score=0.5).detect([photo])[0][0][4]  # about 0.76
-    close_look = detector.detect([photo])[0][0][4]  # about 0.87
-    assert first_look != pytest.approx(close_look)
-    followed = detector.collect(detector.launch([photo]), known=known)[0]
-    assert len(followed) == 1 and iou(followed[0], FACE) > 0.7 and followed[0][4] == pytest.approx(first_look)
-    strict = BlazeFaceDetector("cpu", min_score=0.8)  # the first look alone is not enough: looked at again
-    assert strict.collect(strict.launch([photo]), known=known)[0][0][4] == pytest.approx(close_look)
-    elsewhere = detector.collect(detector.launch([photo]), known=np.array([[400.0, 400.0, 480.0, 480.0]]))[0]
-    assert elsewhere[0][4] == pytest.approx(close_look)
-    # Images in order: the first, marked periodic, hands its faces on as the known ones of the second.
-    chained = detector.collect(detector.launch([photo, photo]), known=np.zeros((0, 4)), periodic=[True, False])
-    assert chained[0][0][4] == pytest.approx(close_look) and chained[1][0][4] == pytest.approx(first_look)
-
-
-def test_near_counts_a_box_moved_a_little_as_the_same_face():
-    from emonet.detection.base import near
-
-    known = np.array([[100.0, 100.0, 200.0, 200.0]])
-    assert near(np.array([130.0, 110.0, 230.0, 210.0]), known)
-    assert not near(np.array([170.0, 100.0, 270.0, 200.0]), known)  # moved by 0.7 of its size
-    assert not near(np.array([100.0, 100.0, 320.0, 320.0]), known)  # more than twice the size
-    assert not near(np.array([100.0, 100.0, 200.0, 200.0]), np.zeros((0, 4)))

@@ -59,9 +59,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
                             "already a tight face crop)")
         g.add_argument("--min-score", type=_score, default=None, metavar="S",
                        help="report faces the detector scores at least S, between 0 and 1 (default for "
-                            "blazeface: 0.75, in photos and video alike: each new face is looked at again close "
-                            "up, and the threshold was chosen on real photos so that no flower, animal, food or "
-                            "object comes within 0.1 of it; 0.5 for sfd); lower it to find faint faces, raise it "
+                            "blazeface: 0.75 in photos and with --small-faces in video, where each candidate is "
+                            "looked at again close up, chosen on real photos so that no flower, animal, food or "
+                            "object comes within 0.1 of it; 0.7 in video otherwise; 0.5 for sfd); lower it to find faint faces, raise it "
                             "to drop doubtful ones")
 
 

@@ -150,7 +150,8 @@ class LazyPipeline:
             model = model_options(args)
             engine = build_engine(model, batch_sizes=tuple(b for b in buckets if b <= 4 * args.batch_size),
                                   job=self.job if self.job is not None else frames)
-            self.pipeline = Pipeline(engine, build_detector(model, engine, video=True), max_faces=args.max_faces)
+            detector = build_detector(model, engine, video=True, small_faces=args.small_faces)
+            self.pipeline = Pipeline(engine, detector, max_faces=args.max_faces)
             self.pipeline.warmup(shape)
         return self.pipeline
 
@@ -651,9 +652,10 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                                 "crop from the last landmarks (default: 5)")
     run_group.add_argument("--small-faces", action="store_true",
                            help="also find and keep faces under a tenth of the frame's long side (from about 40 px "
-                                "in 1080p): the frame is searched in tiles every 60 frames, and each small face "
-                                "it follows is looked for in a view around it; costs about a third of the speed "
-                                "on a GPU (docs/PERFORMANCE.md, Face detection)")
+                                "in 1080p), and nothing else: the frame is searched in tiles every 60 frames, each "
+                                "small face it follows is looked for in a view around it, and every candidate is "
+                                "looked at again close up, as in photos (threshold 0.75: no flower or cat passes); "
+                                "costs about 40 %% of the speed on a GPU (docs/PERFORMANCE.md, Face detection)")
     run_group.add_argument("--decoder", choices=("auto", "cpu", "nvdec"), default="auto",
                            help="where a video file is decoded: auto (default) decodes on the GPU's NVDEC while "
                                 "an annotated video is written, if NVIDIA's PyNvVideoCodec is installed (x264 then "

@@ -28,17 +28,6 @@ def view_around(box: np.ndarray, shape: tuple, zoom: float = 6.0, least: int = 6
     return x, y, side
 
 
-def near(box: np.ndarray, others: np.ndarray) -> bool:
-    """Whether ``box`` is one of ``others`` (``(k, 4+)``) moved a little: its centre within 0.6 of that box's
-    size, its size within a factor of 2 (what the tracker still counts as the same face)."""
-    if others is None or not len(others):
-        return False
-    size = np.maximum(others[:, 2] - others[:, 0], others[:, 3] - others[:, 1])
-    own = max(box[2] - box[0], box[3] - box[1])
-    shift = np.hypot((box[0] + box[2] - others[:, 0] - others[:, 2]) / 2, (box[1] + box[3] - others[:, 1] - others[:, 3]) / 2)
-    return bool(np.any((shift < 0.6 * size) & (own < 2 * size) & (size < 2 * own)))
-
-
 class FaceDetector:
     """Base class: find faces, and say how a box of this detector becomes a crop."""
 
@@ -61,11 +50,8 @@ class FaceDetector:
         faces already followed)."""
         return self.detect(images)
 
-    def collect(self, handle, known: Optional[np.ndarray] = None,
-                periodic: Optional[Sequence[bool]] = None) -> list[np.ndarray]:
-        """The boxes of a :meth:`launch`, waiting for them if need be. ``known``: the faces a video's last
-        periodic detection found, which a detector that double-checks new faces need not check again (the
-        images marked ``periodic`` hand theirs on to the next)."""
+    def collect(self, handle) -> list[np.ndarray]:
+        """The boxes of a :meth:`launch`, waiting for them if need be."""
         return handle
 
     def crop_matrix(self, box: np.ndarray, image_shape: tuple) -> np.ndarray:

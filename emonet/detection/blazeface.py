@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
-from .base import DetectorError, FaceDetector, near
+from .base import DetectorError, FaceDetector
 
 WEIGHTS = Path(__file__).resolve().parent / "blazeface.pth"
 
@@ -300,13 +300,7 @@ class BlazeFaceDetector(FaceDetector):
         parts = [self._launch(views[start:start + self.max_batch]) for start in range(0, len(views), self.max_batch)]
         return parts, owners, [image.shape[:2] for image in images], (images if self.verify else None)
 
-    def collect(self, handle: tuple, known: Optional[np.ndarray] = None,
-                periodic: Optional[Sequence[bool]] = None) -> list[np.ndarray]:
-        """Per image, its faces (see :meth:`detect`). ``known`` (video): the faces found at the last periodic
-        detection frame before these images; a candidate near one of them whose first look alone reaches
-        ``min_score`` is kept on that score, and only the others are looked at close up. The images are taken
-        in order, and each one that ``periodic`` marks hands its faces on as the known ones of the next: a
-        frame's faces then depend on the frames before it, never on how they were batched."""
+    def collect(self, handle: tuple) -> list[np.ndarray]:
         parts, owners, shapes, images = handle
         per_view = [faces for part in parts for faces in self._collect(*part)]
         found: list[list[np.ndarray]] = [[] for _ in shapes]
@@ -323,19 +317,7 @@ class BlazeFaceDetector(FaceDetector):
         merged = [merge_detections(parts_) for parts_ in found]
         if not self.verify:
             return merged
-        if known is None:
-            return self._verified(images, merged)
-        # A face already followed passed the close look when it was first found: where its first look alone
-        # reaches min_score it is kept, and the close look (and the wait for it) is for new or doubtful ones.
-        out = []
-        for i, faces in enumerate(merged):
-            followed = np.array([face[4] >= self.min_score and near(face, known) for face in faces], bool)
-            new = self._verified([images[i]], [faces[~followed]])[0] if (~followed).any() else faces[:0]
-            faces = np.concatenate([faces[followed], new])
-            out.append(faces[np.argsort(-faces[:, 4], kind="stable")])
-            if periodic is None or periodic[i]:
-                known = out[-1][:, :4]
-        return out
+        return self._verified(images, merged)
 
     def _verified(self, images: Sequence[Union[np.ndarray, torch.Tensor]],
                   candidates: list[np.ndarray]) -> list[np.ndarray]:

@@ -47,8 +47,8 @@ class Reader:
         # Video frames are read as the video tool reads them (its detector: the whole frame, no close look;
         # with small_faces, as --small-faces: made on first use).
         self._video_pipeline = Pipeline(engine_, build_detector(options, engine_, video=True))
-        self._small_faces_pipeline = lambda: Pipeline(engine_, build_detector(options, engine_, video=True,
-                                                                             small_faces=True))
+        self._small_faces_pipeline: Optional[Pipeline] = None
+        self._small_faces_detector = lambda: build_detector(options, engine_, video=True, small_faces=True)
         self.class_names: list[str] = list(engine_.class_names)
 
     def images(self, images: Sequence[np.ndarray]) -> list[list[FaceResult]]:
@@ -60,11 +60,13 @@ class Reader:
         """Every frame of a video file (or camera index) with its faces, tracked with stable ids
         (``small_faces``: as ``emonet-video --small-faces``)."""
         from .io.video import VideoReader
-        from .pipeline import VideoPipeline
+        from .pipeline import Pipeline, VideoPipeline
 
         if small_faces and self._video_pipeline.detector.name != "blazeface":
             raise ValueError("small_faces needs the blazeface detector")
-        pipeline = self._small_faces_pipeline() if small_faces else self._video_pipeline
+        if small_faces and self._small_faces_pipeline is None:
+            self._small_faces_pipeline = Pipeline(self.pipeline.engine, self._small_faces_detector())
+        pipeline = self._small_faces_pipeline if small_faces else self._video_pipeline
         video = VideoPipeline(pipeline, detect_every=detect_every, smooth=smooth, small_faces=small_faces)
         # Results only, never pixels: on a GPU the frames stay there (no host copy of each one is made).
         reader = VideoReader(source, max_frames=max_frames, device=self.pipeline.engine.device, keep_host=False)

@@ -258,23 +258,27 @@ class VideoPipeline:
         # each frame gets is kept, so that a face not looked for is no miss.
         regions = []
         for frame, full in zip(frames, search):
-            regions.append([view_around(_seen(t), frame.shape) for t in self.tracker.tracks
-                            if self.small_faces and _small(_seen(t), frame.shape)])
-            self._looked[frame.index] = (full, regions[-1])
+            seen = [_seen(t) for t in self.tracker.tracks] if self.small_faces else []
+            regions.append([view_around(box, frame.shape) for box in seen if _small(box, frame.shape)])
+            if self.small_faces:
+                self._looked[frame.index] = (full, regions[-1])
         if self.det_stream is None:
             return self.detector.launch([f.image for f in frames], search=search, regions=regions)
         with torch.cuda.stream(self.det_stream):
             return self.detector.launch([f.on_device(self.engine.device, self.det_stream) for f in frames],
                                         search=search, regions=regions)
 
-    def _looked_at(self, frame) -> Callable:
+    def _looked_at(self, frame) -> Optional[Callable]:
         """Whether the detector looked where a track's face could be seen on ``frame``: the whole frame shows
-        faces that are not small, a full search or a view around it the small ones."""
+        faces that are not small, a full search or a view around it the small ones (None: it saw every face
+        it could, the frame whole)."""
+        if not self.small_faces:
+            return None
         full, regions = self._looked.pop(frame.index, (False, []))
 
         def looked_at(track) -> bool:
             box = _seen(track)
-            if full or not self.small_faces or not _small(box, frame.shape):
+            if full or not _small(box, frame.shape):
                 return True
             cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
             return any(x <= cx <= x + side and y <= cy <= y + side for x, y, side in regions)

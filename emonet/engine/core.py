@@ -4,10 +4,11 @@
 (:mod:`.transforms`), optionally compiles it (:mod:`.compile`), and runs batches of 256x256 crops through
 it, on a GPU as CUDA graphs captured per batch size (a smaller batch is padded up to the next captured
 size) and, up to ``config.streams``, with the hourglass's skip branches on side streams
-(:mod:`.forward`). With ``fixed_batch`` every crop runs in a batch of that one size, graphs or not,
-so its numbers do not depend on the crops that came with it. A warm-up at load pays cuDNN autotuning, compilation and graph capture before the
-first real crop, and its cost is reported on its own. It returns landmarks decoded on the device,
-expression logits, valence and arousal; the heatmaps only with ``EngineConfig(heatmaps=True)``.
+(:mod:`.forward`). With ``fixed_batch`` every crop runs in a batch of that one size, graphs or not, so
+its numbers do not depend on the crops that came with it. A warm-up at load pays cuDNN autotuning,
+compilation and graph capture before the first real crop, and its cost is reported on its own. It returns
+landmarks decoded on the device, expression logits, valence and arousal; the heatmaps only with
+``EngineConfig(heatmaps=True)``.
 """
 from __future__ import annotations
 

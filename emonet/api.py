@@ -8,26 +8,20 @@
             print(frame.index, frame.timestamp, face.face_id, reader.class_names[face.expression])
     summary = emonet.summarize(reader.video("clip.mp4"), reader.class_names)   # per face id
 
-The same path as the command-line tools (:mod:`emonet.pipeline`), without their outputs.
+The same path as the command-line tools: :meth:`Reader.video` is the video runtime's runner
+(:func:`emonet.video.run_videos`) with no sinks, so it gives the rows ``emonet-video`` writes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from .results import FaceResult
+from .results import FaceResult, FrameFaces
 from .summary import VideoSummary
 
-
-@dataclass
-class FrameFaces:
-    """One video frame's faces."""
-
-    index: int                      # frame number in the video
-    timestamp: float                # seconds
-    faces: list[FaceResult] = field(default_factory=list)
+__all__ = ["Reader", "FrameFaces", "summarize"]
 
 
 class Reader:
@@ -35,59 +29,52 @@ class Reader:
 
     def __init__(self, weights: str = "pretrained", device: Optional[str] = None, engine: str = "auto",
                  detector: str = "blazeface", min_score: Optional[float] = None, nclasses: Optional[int] = None,
-                 batch_size: int = 8) -> None:
+                 batch_size: int = 32) -> None:
         from .build import ModelOptions, build_detector, build_engine
         from .pipeline import Pipeline
 
-        options = ModelOptions(weights=weights, nclasses=nclasses, device=device, engine=engine, detector=detector,
-                               min_score=min_score)
-        self.batch_size = batch_size
-        engine_ = build_engine(options, batch_sizes=tuple(sorted({1, 4, batch_size})))
-        self.pipeline = Pipeline(engine_, build_detector(options, engine_))
+        self.options = ModelOptions(weights=weights, nclasses=nclasses, device=device, engine=engine,
+                                    detector=detector, min_score=min_score)
+        self.batch_size = batch_size  # a video's chunk: the video tool's default, so the rows are the same
+        engine_ = build_engine(self.options, batch_sizes=tuple(sorted({1, 4, batch_size})))
+        self.pipeline = Pipeline(engine_, build_detector(self.options, engine_))
         # Video frames are read as the video tool reads them (its detector: the whole frame, no close look;
         # with small_faces, as --small-faces: made on first use).
-        self._video_pipeline = Pipeline(engine_, build_detector(options, engine_, video=True))
+        self._video_pipeline = Pipeline(engine_, build_detector(self.options, engine_, video=True))
         self._small_faces_pipeline: Optional[Pipeline] = None
-        self._small_faces_detector = lambda: build_detector(options, engine_, video=True, small_faces=True)
         self.class_names: list[str] = list(engine_.class_names)
 
     def images(self, images: Sequence[np.ndarray]) -> list[list[FaceResult]]:
         """Faces of each RGB ``(H, W, 3)`` uint8 image."""
         return self.pipeline(list(images))
 
-    def video(self, source: Union[str, int], detect_every: int = 5, smooth: bool = True,
-              max_frames: Optional[int] = None, small_faces: bool = False) -> Iterator[FrameFaces]:
-        """Every frame of a video file (or camera index) with its faces, tracked with stable ids
-        (``small_faces``: as ``emonet-video --small-faces``)."""
-        from .io.video import VideoReader
-        from .pipeline import Pipeline, VideoPipeline
+    def video(self, source: Union[str, int, Iterable[np.ndarray]], detect_every: int = 5, smooth: bool = True,
+              max_frames: Optional[int] = None, small_faces: bool = False, fps: float = 30.0) -> Iterator[FrameFaces]:
+        """Every frame of a video file, camera index or numbered images (``"frames/%04d.png"``), or of RGB
+        ``(H, W, 3)`` uint8 frames handed in (timestamps ``index / fps``), with its faces, tracked with stable
+        ids (``small_faces``: as ``emonet-video --small-faces``); the rows ``emonet-video`` writes for it."""
+        from .build import build_detector
+        from .pipeline import Pipeline
+        from .video import ArraySource, VideoConfig, VideoInput, open_source, run_videos
 
         if small_faces and self._video_pipeline.detector.name != "blazeface":
             raise ValueError("small_faces needs the blazeface detector")
         if small_faces and self._small_faces_pipeline is None:
-            self._small_faces_pipeline = Pipeline(self.pipeline.engine, self._small_faces_detector())
+            engine = self.pipeline.engine
+            self._small_faces_pipeline = Pipeline(engine, build_detector(self.options, engine, video=True,
+                                                                         small_faces=True))
         pipeline = self._small_faces_pipeline if small_faces else self._video_pipeline
-        video = VideoPipeline(pipeline, detect_every=detect_every, smooth=smooth, small_faces=small_faces)
-        # Results only, never pixels: on a GPU the frames stay there (no host copy of each one is made).
-        reader = VideoReader(source, max_frames=max_frames, device=self.pipeline.engine.device, keep_host=False)
-        try:
-            chunk: list = []
-            for frame in reader:
-                chunk.append(frame)
-                if len(chunk) == self.batch_size:
-                    yield from self._chunk(video, chunk)
-                    chunk = []
-            if chunk:
-                yield from self._chunk(video, chunk)
-        finally:
-            reader.close()
-
-    @staticmethod
-    def _chunk(video, chunk: list) -> Iterator[FrameFaces]:
-        flags, handle = video.detect(chunk)
-        per_frame = video.finish(video.launch(chunk, flags, handle))
-        for frame, faces in zip(chunk, per_frame):
-            yield FrameFaces(frame.index, frame.timestamp, faces)
+        config = VideoConfig(model=self.options, batch_size=self.batch_size, detect_every=detect_every,
+                             smooth=smooth, small_faces=small_faces, max_frames=max_frames)
+        if isinstance(source, (str, int)):
+            # Results only, never pixels: on a GPU the frames stay there (no host copy of each one is made).
+            opened = lambda: open_source(source, config, pipeline.engine.device)  # noqa: E731
+        else:
+            frames = source if max_frames is None else itertools.islice(source, max_frames)
+            opened = ArraySource(frames, fps=fps)
+        for item in run_videos([VideoInput(opened, progress=False)], config, lambda shape, frames: pipeline):
+            if isinstance(item, FrameFaces):
+                yield item
 
 
 def summarize(frames: Iterable[FrameFaces], class_names: Sequence[str], fps: float = 0.0) -> list[dict]:

@@ -108,8 +108,8 @@ def crop_faces(image: Union[np.ndarray, torch.Tensor], matrices: Sequence[np.nda
                device: torch.device) -> torch.Tensor:
     """One ``(H, W, 3)`` uint8 image's face crops as ``(N, 3, 256, 256)`` uint8 on ``device``.
 
-    On a GPU the frame is uploaded once (or given already there, as a tensor) and warped there
-    (measured on an H100, 720p frame: equal to OpenCV for one face, 8x faster for four); on the CPU, OpenCV.
+    On a GPU the frame is uploaded once (or given already there, as a tensor) and warped there (as fast as
+    OpenCV for one face, faster for several); on the CPU, OpenCV.
     """
     if torch.device(device).type == "cuda":
         frame = image if torch.is_tensor(image) else torch.from_numpy(np.ascontiguousarray(image))

@@ -34,6 +34,15 @@ class FaceResult:
         return [(class_names[i], float(self.probabilities[i])) for i in order]
 
 
+@dataclass
+class FrameFaces:
+    """One video frame's faces."""
+
+    index: int                      # frame number in the video
+    timestamp: float                # seconds (the frame's presentation or capture time)
+    faces: list[FaceResult] = field(default_factory=list)
+
+
 def face_record(face: FaceResult, class_names: Sequence[str]) -> dict:
     """One face as JSON: index, box, score, expression, probabilities by class name, valence, arousal, landmarks."""
     return {

@@ -7,7 +7,6 @@ import io
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from typing import Iterable, Optional, Sequence, Union
 import numpy as np
 
 from .io import ipc
+from .io.helper import died, start_helper
 from .io.atomic import write_bytes, write_text
 from .results import FaceResult
 
@@ -169,9 +169,7 @@ class PlotProcess:
         """Plot ``summary`` into ``path`` (atomically, as :meth:`VideoSummary.plot`); ``summary`` must not
         change afterwards."""
         if self._proc is None:
-            root = str(Path(__file__).resolve().parents[1])  # the package, wherever it is installed
-            code = f"import sys; sys.path.insert(0, {root!r}); from emonet.summary import _serve_plots; _serve_plots()"
-            self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            self._proc = start_helper("emonet.summary:serve_plots")
             self._reader = threading.Thread(target=self._listen, name="emonet-plots", daemon=True)
             self._reader.start()
             self._sender = threading.Thread(target=self._send, name="emonet-plots-send", daemon=True)
@@ -185,7 +183,7 @@ class PlotProcess:
             try:
                 ipc.send(self._proc.stdin, item)
             except (BrokenPipeError, OSError):
-                self._fail(item[1], f"the plotting process ended unexpectedly (exit code {self._proc.poll()})")
+                self._fail(item[1], died("plotting", self._proc))
 
     def _listen(self) -> None:
         for raw in self._proc.stdout:
@@ -209,18 +207,17 @@ class PlotProcess:
                 pass
             self._reader.join()
             if self._proc.wait() != 0:
-                self._fail("", f"the plotting process ended unexpectedly (exit code {self._proc.returncode})")
+                self._fail("", died("plotting", self._proc))
             self._proc = None
         return dict(self._failed)
 
 
-def _serve_plots() -> None:
+def serve_plots() -> None:
     """The plotting process of :class:`PlotProcess`: plots from stdin, a line ``E path<TAB>why`` per failure.
 
-    It ignores Ctrl-C: the parent, which sees it too, closes its stdin, and the plots handed over are
-    finished.
+    It ignores Ctrl-C (:mod:`emonet.io.helper`): the parent, which sees it too, closes its stdin, and the plots
+    handed over are finished.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     out = sys.stdout
     os.environ.setdefault("MPLBACKEND", "Agg")
     for summary, path in ipc.messages(sys.stdin.buffer):

@@ -11,7 +11,7 @@ import torch
 
 from emonet.io.annotated import AnnotatedVideoWriter
 from emonet.io.encode_worker import Spare
-from emonet.io.images import InputError
+from emonet.errors import InputError
 
 from .test_video import probe, top_level_boxes
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from emonet.apps.collection import collect_videos, shares
-from emonet.io.images import InputError
+from emonet.errors import InputError
 
 from .test_video import make_clip
 

@@ -79,3 +79,15 @@ def test_the_gpu_default_runs_one_batch_shape_and_explicit_modes_keep_their_buck
     assert engine_config("fast", gpu).fixed_batch == 0 and engine_config("compiled", gpu).fixed_batch == 0
     assert engine_config("auto", gpu, deterministic=True).precision == "fp32"
     assert engine_config("auto", torch.device("cpu")).fixed_batch == 0
+
+
+@pytest.mark.parametrize("error, code", [("InputError", 2), ("OutputError", 3), ("HelperError", 4)])
+def test_each_kind_of_failure_is_one_line_with_its_own_exit_code(error, code, capsys):
+    from emonet import errors
+    from emonet.apps.common import run_tool
+
+    def fail():
+        raise getattr(errors, error)("what went wrong, and what to do")
+
+    assert run_tool(fail) == code
+    assert capsys.readouterr().err == "error: what went wrong, and what to do\n"

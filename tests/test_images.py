@@ -2,7 +2,8 @@ import cv2
 import numpy as np
 import pytest
 
-from emonet.io.images import InputError, check_writable_dir, collect_images, read_image, write_image
+from emonet.errors import InputError
+from emonet.io.images import check_writable_dir, collect_images, read_image, write_image
 
 
 def test_grayscale_rgba_and_16_bit_images_decode_to_rgb(tmp_path):

@@ -9,7 +9,7 @@ import torch
 from emonet.drawing import PALETTE
 from emonet.drawing.canvas import VideoCanvas
 from emonet.drawing.process import DrawingProcess, LocalDrawing
-from emonet.io.images import InputError
+from emonet.errors import HelperError, OutputError
 
 from .test_canvas import NAMES, face
 from .test_video import probe, top_level_boxes
@@ -101,17 +101,17 @@ def test_a_drawing_process_that_ends_is_one_clear_error(process, tmp_path):
     process.put(video, frames(4), list(range(4)), *chunk_faces(4))
     process._proc.kill()
     process._proc.wait()
-    with pytest.raises(InputError, match="^writing the annotated video failed: the drawing process ended"):
+    with pytest.raises(HelperError, match="^writing the annotated video failed: the drawing process ended"):
         for start in range(4, 400, 4):  # the end is seen once the listener reads it
             process.put(video, frames(4, start), list(range(start, start + 4)), *chunk_faces(4))
-    with pytest.raises(InputError, match="drawing process ended"):
+    with pytest.raises(HelperError, match="drawing process ended"):
         process.finish(video)
 
 
 def test_a_failing_encoder_is_one_clear_error(drawing, tmp_path):
     video = drawing.open(tmp_path / "gone" / "a.mp4", 25.0, NAMES)  # a folder that is not there
-    with pytest.raises(InputError, match="^writing the annotated video failed: "):
+    with pytest.raises(OutputError, match="^writing the annotated video failed: "):
         for start in range(0, 400, 4):  # the encoders' failure is seen once it is read
             drawing.put(video, frames(4, start), list(range(start, start + 4)), *chunk_faces(4))
-    with pytest.raises(InputError, match="^writing the annotated video failed: "):
+    with pytest.raises(OutputError, match="^writing the annotated video failed: "):
         drawing.finish(video)

@@ -183,7 +183,7 @@ def test_writer_codecs_keep_colours_size_and_frames(tmp_path, codec, name):
 
 
 def test_writer_refuses_unknown_containers_and_codecs(tmp_path):
-    from emonet.io.images import InputError
+    from emonet.errors import InputError
     from emonet.io.writer import VideoWriter
 
     with pytest.raises(InputError, match=r"\.mp4"):
@@ -263,7 +263,7 @@ def shm_frames() -> set:
 
 
 def test_a_sequence_decodes_many_videos_in_one_process_each_as_alone(clip, tmp_path):
-    from emonet.io.images import InputError
+    from emonet.errors import InputError
     from emonet.io.video import VideoSequence
     before = shm_frames()
     large = tmp_path / "large.mp4"  # larger frames than the first video's slots hold: new slots

@@ -13,19 +13,22 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 from tqdm import tqdm
 
-from ..io.images import InputError, check_writable_dir
 from ..cli import plural
-from ..provenance import provenance
-from ..summary import PlotProcess, VideoSummary, write_summary_csv
-from ..timing import StartupClock
-from ..io.video import VideoSequence
+from ..errors import InputError
+from ..io.images import check_writable_dir
+from ..results import FrameFaces
 from ..runtime import select_device
-from .video import LazyPipeline, Outputs, VideoTask, analyse_many, no_frames
+from ..summary import PlotProcess, write_summary_csv
+from ..timing import StartupClock
+from ..video import (AnnotatedSink, Drawers, PipelineLoader, RowSink, StopToken, SummarySink, VideoConfig,
+                     VideoInput, open_sources, run_videos)
+from ..video.sources import no_frames
 
 VIDEO_EXTENSIONS = {".mp4", ".mov", ".avi", ".mkv", ".m4v", ".webm", ".mpg", ".mpeg", ".wmv", ".flv", ".3gp",
                     ".ts", ".mts"}
@@ -153,7 +156,7 @@ class _Distributed:
             dist.destroy_process_group()
 
 
-def run_collection(args: argparse.Namespace) -> int:
+def run_collection(args: argparse.Namespace, config: VideoConfig) -> int:
     """Process every video given into ``--out-dir``; 0 when all are done, 1 when some failed, 2 on bad input,
     130 when interrupted (Ctrl-C or SIGTERM: the videos finished so far are complete)."""
     out_dir = Path(args.out_dir)
@@ -167,12 +170,13 @@ def run_collection(args: argparse.Namespace) -> int:
             import torch
             if torch.cuda.is_available():
                 args.device = f"cuda:{dist.local_rank}"
-        return _run(args, out_dir, videos, dist)
+                config = replace(config, model=replace(config.model, device=args.device))
+        return _run(args, config, out_dir, videos, dist)
     finally:
         dist.close()
 
 
-def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Distributed) -> int:
+def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: list[Path], dist: _Distributed) -> int:
     err = sys.stderr
     startup = StartupClock()
     done = [v for v in videos if not args.force and _complete(output_paths(out_dir, v, args.output_videos))]
@@ -184,8 +188,7 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     if dist.rank == 0:
         print(f"{plural(len(videos), 'video')}: {len(done)} skipped (outputs complete; --force redoes them), "
               f"{len(todo)} to process" + (f" on {dist.world} processes" if dist.world > 1 else ""), file=err)
-    get_pipeline = LazyPipeline(args, job=sum(counts[i] for i in share))  # the warm-up fits the whole share
-
+    loader = PipelineLoader(config, job=sum(counts[i] for i in share))  # the warm-up fits the whole share
     errors: dict[str, str] = {}
     errors_shortfall: dict[str, str] = {}  # videos read only in part: kept, but the run's exit code is 1
 
@@ -199,62 +202,68 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
     if args.decoder == "nvdec" and dist.rank == 0:
         print("note: a collection's videos are decoded on the CPU, one after the other (--decoder nvdec: single "
               "videos)", file=err)
-    readers = VideoSequence(mine, start=args.start, end=args.end, max_frames=args.max_frames,
-                            device=select_device(args.device, quiet=True), keep_host=False)
+    device = select_device(args.device, quiet=True)
+    sources = open_sources([str(v) for v in mine], config, device)
     plots = PlotProcess()
+    drawers = Drawers(device) if args.output_videos else None
     if dist.world > 1:
         # Every process loads and warms up, then all start together: none waits on the others at the end
         # for a start-up it could have overlapped, and their frames/s add up.
         if mine:
-            get_pipeline(headers[share[0]][1] or (720, 1280, 3), sum(counts[i] for i in share))
+            loader(headers[share[0]][1] or (720, 1280, 3), sum(counts[i] for i in share))
         dist.barrier()
 
-    def tasks():
-        for n, video in enumerate(mine, 1):
-            try:
-                reader = readers.next()
-            except InputError as exc:
-                failed(str(video), str(exc))
+    def inputs():
+        for n, (video, source) in enumerate(zip(mine, sources), 1):
+            if isinstance(source, InputError):
+                failed(str(video), str(source))
                 continue
             paths = output_paths(out_dir, video, args.output_videos)
-            outputs = Outputs(csv=str(paths["csv"]), video=str(paths["video"]) if "video" in paths else None,
-                              summary=VideoSummary(str(video), [], 0.0))
-            yield VideoTask(str(video), outputs, reader, f"[{n}/{len(mine)}] {video.name}")
+            sinks = [RowSink(str(paths["csv"]), landmarks=config.landmarks)]
+            if drawers is not None:
+                sinks.append(AnnotatedSink(str(paths["video"]), drawers, config.codec, config.video_workers))
+            sinks.append(SummarySink(str(video), paths["summary"], paths["plot"], plots))
+            yield VideoInput(source, sinks, f"[{n}/{len(mine)}] {video.name}", name=str(video))
 
     frames = 0
     wall0 = time.perf_counter()
     first = last = None  # when the first video's first frame came, and when the last video ended
     interrupted = False
-    runs = analyse_many(args, tasks(), get_pipeline, startup)
+    stop = StopToken().install()
+    runs = run_videos(inputs(), config, loader, stop, startup)
     try:
         for run in runs:
+            if isinstance(run, FrameFaces):  # in its sinks already
+                continue
             if run.interrupted:
                 interrupted = True
                 print("interrupted: the video being processed is left incomplete (a rerun redoes it)", file=err)
                 break
-            if run.error is not None or run.job is None or run.job.frames == 0:
-                failed(run.source, str(run.error or no_frames(run.source)))
+            if run.error is not None or run.frames == 0:
+                failed(run.name, str(run.error or no_frames(run.name)))
                 continue
             if run.shortfall:  # kept, said, and recorded in its summary and row
-                errors_shortfall[run.source] = run.shortfall
-                tqdm.write(f"warning: {run.source}: {run.shortfall}", file=err)
-            _write_summary(run, output_paths(out_dir, Path(run.source), args.output_videos), plots)
+                errors_shortfall[run.name] = run.shortfall
+                tqdm.write(f"warning: {run.name}: {run.shortfall}", file=err)
             last = time.time()  # the wall clock: the processes' times are put side by side
             first = first if first is not None else last - run.wall
-            frames += run.job.frames
+            frames += run.frames
     except KeyboardInterrupt:
         plots.wait()
         raise
     finally:
+        stop.restore()
         runs.close()
-        readers.close()
+        sources.close()
+        if drawers is not None:
+            drawers.close()
     for path, why in plots.wait().items():  # a failed plot: that video's outputs are incomplete
         video = next((str(v) for v in mine if str(output_paths(out_dir, v, args.output_videos)["plot"]) == path),
                      path or "a video")
         errors[video] = f"{video}: the plot could not be written ({why})"
         print(f"error: {errors[video]}", file=err)
     wall = time.perf_counter() - wall0
-    if mine and get_pipeline.pipeline is not None:
+    if mine and loader.pipeline is not None:
         print(f"rank {dist.rank}: " if dist.world > 1 else "", end="", file=err)
         flowing = (last - first) if first is not None else 0.0
         print(f"{plural(len(mine) - len(errors), 'video')}, {plural(frames, 'frame')}: {frames / max(flowing, 1e-9):.1f} frames/s from the "
@@ -295,14 +304,3 @@ def _run(args: argparse.Namespace, out_dir: Path, videos: list[Path], dist: _Dis
 def _complete(paths: dict[str, Path]) -> bool:
     """Every output of the video is there (they are renamed into place whole, so there means complete)."""
     return all(p.is_file() for p in paths.values())
-
-
-def _write_summary(run, paths: dict[str, Path], plots: PlotProcess) -> None:
-    """A finished video's summary and plot (the plot by ``plots``), written only now its rows are complete."""
-    summary, engine = run.job.outputs.summary, run.job.engine
-    summary.class_names, summary.untrained = list(engine.class_names), engine.untrained
-    summary.fps = run.job.reader.fps
-    summary.note = run.shortfall
-    summary.provenance = provenance(engine)
-    summary.write_json(paths["summary"])
-    plots.submit(summary, paths["plot"])

@@ -9,7 +9,7 @@ from typing import Callable
 from ..build import ModelOptions
 from ..detection import DETECTORS, DetectorError
 from ..engine import PRESETS
-from ..io.images import InputError
+from ..errors import ToolError
 from ..models.weights import CheckpointError
 from ..runtime import PRECISIONS, DeviceError
 
@@ -83,12 +83,16 @@ def model_options(args: argparse.Namespace) -> ModelOptions:
 
 
 def run_tool(main: Callable[[], int]) -> int:
-    """Run a tool's main: known failures become one 'error: ...' line and exit code 2, never a traceback."""
+    """Run a tool's main: known failures become one 'error: ...' line and their exit code (bad input and
+    options 2, an output that could not be written 3, a helper process that died 4), never a traceback."""
     try:
         return main()
-    except (CheckpointError, DetectorError, DeviceError, InputError) as exc:
+    except (CheckpointError, DetectorError, DeviceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except ToolError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -15,7 +15,8 @@ from ..engine.check import SAMPLE_PHOTO
 from ..provenance import provenance
 from ..drawing import annotate
 from ..io.atomic import write_text
-from ..io.images import IMAGE_EXTENSIONS, InputError, check_writable_dir, collect_images, read_image, write_image
+from ..errors import InputError
+from ..io.images import IMAGE_EXTENSIONS, check_writable_dir, collect_images, read_image, write_image
 from ..models.weights import UNTRAINED_LABEL
 from ..pipeline import Pipeline
 from ..results import FaceResult, face_record, photo_fields, photo_row

@@ -165,8 +165,8 @@ def run_child(args: argparse.Namespace) -> dict:
     for bs in [b for b in batch_sizes if b > 1]:
         x = real_face_crops(bs).to(device)
         calls = 2 if args.quick else max(3, args.iters // 10) + 1
-        # As many untimed calls first: the first calls at a new batch size run slower (H100: a first round
-        # of ten batches of 256 ran ~6 % slower than the rounds after it; docs/PERFORMANCE.md).
+        # As many untimed calls first: the first calls at a new batch size run slower than the rounds
+        # after them (docs/PERFORMANCE.md).
         throughput[str(bs)] = time_calls(lambda: engine(x), device, calls, n_items=bs,
                                          warmup=0 if args.quick else calls).throughput
     result["throughput"] = throughput
@@ -671,7 +671,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     if args.photo is not None:
         if args.photo:
-            from ..io.images import InputError, read_image
+            from ..errors import InputError
+            from ..io.images import read_image
             try:  # here, so a bad photo is one line, not a table of failed processes
                 read_image(args.photo)
             except InputError as exc:
@@ -680,7 +681,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         _report(photo_benchmark(args.photo or None, args.device, max(1, args.photo_repeat)), args.markdown)
         return 0
     if args.video is not None:
-        from ..io.images import InputError
+        from ..errors import InputError
         try:
             text = video_benchmark(args.video or None, args.device, args.video_engines, max(1, args.video_repeat))
         except InputError as exc:  # a missing or unreadable clip: one line, like the tools

@@ -36,7 +36,7 @@ def decode_blazeface(net, raw_boxes: np.ndarray, raw_scores: np.ndarray, anchors
     ``(k, 17)`` float32 array (ymin, xmin, ymax, xmax, six keypoints, score).
 
     The library does it with some thirty torch operations on arrays of 896 rows, each paying torch's
-    per-operation overhead on the CPU (0.7 ms a call on the H100 machine, more than the network);
+    per-operation overhead on the CPU (more than the network costs);
     ``tests/test_detection.py`` checks this against the library's own code.
     """
     clipped = np.clip(raw_scores[..., 0], -net.score_clipping_thresh, net.score_clipping_thresh)

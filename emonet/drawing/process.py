@@ -7,13 +7,10 @@ on the device, without either process waiting. On the CPU the frames go through 
 """
 from __future__ import annotations
 
-import os
 import pickle
 import resource
 import queue
 import struct
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,7 +23,8 @@ import torch
 from ..io import ipc
 from ..io.annotated import AnnotatedVideoWriter
 from ..io.encode_worker import WORKER_ENV, Spare
-from ..io.images import InputError
+from ..io.helper import died, start_helper
+from ..errors import HelperError, OutputError
 from .canvas import VideoCanvas
 from .marks import Planner, coded_size
 
@@ -48,7 +46,7 @@ class DrawnVideo:
 
     @classmethod
     def from_report(cls, report: dict, apart: bool = True) -> "DrawnVideo":
-        """From :meth:`VideoDrawing.close`'s report; :class:`InputError` if the video failed."""
+        """From :meth:`VideoDrawing.close`'s report; :class:`OutputError` if the video failed."""
         if report["error"] is not None:
             raise _failure(report["error"])
         cpu = report["cpu"] if apart else {"encoding": report["cpu"]["encoding"]}  # else in this process's
@@ -56,10 +54,12 @@ class DrawnVideo:
                    cpu, report["resized"], report["workers"], apart)
 
 
-def _failure(error: str) -> InputError:
-    """The one line a failed annotated video ends with."""
+def _failure(error: str, died: bool = False) -> OutputError:
+    """The one line a failed annotated video ends with: a :class:`HelperError` when a process died (the drawing
+    process, ``died``, or an encoding process), else an :class:`OutputError`."""
     prefix = "writing the annotated video failed"
-    return InputError(error if error.startswith(prefix) else f"{prefix}: {error}")
+    message = error if error.startswith(prefix) else f"{prefix}: {error}"
+    return HelperError(message) if died or "process ended unexpectedly" in error else OutputError(message)
 
 
 def _cpu() -> float:
@@ -128,9 +128,7 @@ class DrawingProcess:
 
     def __init__(self, device: Union[str, torch.device]) -> None:
         self.device = torch.device(device)
-        worker = Path(__file__).resolve().with_name("worker.py")
-        self._proc = subprocess.Popen([sys.executable, str(worker), str(self.device)], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, env={**os.environ, **WORKER_ENV})
+        self._proc = start_helper("emonet.drawing.worker:main", str(self.device), env=WORKER_ENV)
         self._state = threading.Condition()
         self._ready: Optional[list] = None
         self._busy = [False] * SLOTS  # per ring slot: handed to the drawing process, not yet drawn
@@ -186,11 +184,11 @@ class DrawingProcess:
                 elif kind == "closed":
                     self._closed[message[1]] = message[2]
                 self._state.notify_all()
-        code = self._proc.wait()
+        why = died("drawing", self._proc)
         with self._state:
             self._ended = True
             if not self._closing:
-                self._died = f"the drawing process ended unexpectedly (exit code {code})"
+                self._died = why
             self._state.notify_all()
 
     def _send(self, message, shared: bool = False) -> None:
@@ -219,10 +217,12 @@ class DrawingProcess:
         self.wait_seconds += time.perf_counter() - t0
 
     def _check(self, video: Optional[int]) -> None:
-        """Raise :class:`InputError` if the video failed, or the process has ended."""
-        error = self._errors.get(video) or self._died
+        """Raise :class:`OutputError` if the video failed, :class:`HelperError` if the process has ended."""
+        error = self._errors.get(video)
         if error is not None:
             raise _failure(error)
+        if self._died is not None:
+            raise _failure(self._died, died=True)
 
     def open(self, path: Union[str, Path], fps: float, class_names: Sequence[str], banner: Optional[str] = None,
              codec: str = "h264", workers: Optional[int] = None, frame: Optional[tuple[int, int]] = None) -> int:
@@ -292,7 +292,7 @@ class DrawingProcess:
         self._send(("chunk", video, slot, None, list(indices), list(faces), list(colors)))
 
     def finish(self, video: int) -> DrawnVideo:
-        """Finish ``video``: every frame put is drawn, encoded and kept. Raises :class:`InputError` on a
+        """Finish ``video``: every frame put is drawn, encoded and kept. Raises :class:`OutputError` on a
         failure, after keeping what could be kept."""
         self._send(("close", video))
         self._wait(lambda: video in self._closed)
@@ -344,7 +344,7 @@ class LocalDrawing:
         if drawing.failed is None and len(images):
             try:
                 drawing.draw(list(images), list(indices), list(faces), list(colors))
-            except InputError as exc:
+            except OutputError as exc:
                 drawing.failed = f"{exc}"
         if drawing.failed is not None:
             raise _failure(drawing.failed)

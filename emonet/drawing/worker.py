@@ -1,7 +1,7 @@
 """The drawing child process of :class:`emonet.drawing.process.DrawingProcess`: annotated frames planned,
 drawn and handed to the encoders away from the analysing process.
 
-Run as a script (``python worker.py DEVICE``). In the analysing process, planning the marks (NumPy,
+Started by :func:`emonet.io.helper.start_helper` (``main(DEVICE)``). In the analysing process, planning the marks (NumPy,
 OpenCV) and queueing the drawing's tensor operations took the main thread's GIL for about as long as
 the analysis itself, and the encoders' hand-over waited behind it; here they run beside it, on a GIL
 of their own, on the same GPU.
@@ -27,9 +27,7 @@ finishes the open videos and exits. It ignores Ctrl-C: the parent, which sees it
 """
 from __future__ import annotations
 
-import signal
 import sys
-from pathlib import Path
 
 
 def _warm_up(device, shape=(240, 320)) -> None:
@@ -55,8 +53,6 @@ def _warm_up(device, shape=(240, 320)) -> None:
 
 
 def main(device_name: str) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the package, wherever it is installed
     from emonet.io.encode_worker import Spare
 
     spare = Spare()  # the first video's encoder starts now, beside torch's import, not when the video opens
@@ -122,6 +118,3 @@ def main(device_name: str) -> int:
     spare.close()
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))

@@ -27,8 +27,8 @@ def compile_options(config: EngineConfig, device: torch.device, piece: str = "mo
     if torch.device(device).type == "cuda":
         # A concatenation lowered as a kernel of its own gets a plain NCHW buffer whose producers
         # write straight into it: the head's concatenation then made the stem's output, and every
-        # kernel reading it, NCHW, all transposing channels_last data (3 % of the batch-256
-        # throughput on an H100). As a pointwise kernel its layout follows its consumer, the
+        # kernel reading it, NCHW, all transposing channels_last data (a few % of the large-batch
+        # throughput). As a pointwise kernel its layout follows its consumer, the
         # convolution: channels_last.
         options["force_pointwise_cat"] = True
         # tune_kernels: half the GPU time at large batch is Triton elementwise kernels, bound by memory

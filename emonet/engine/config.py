@@ -22,8 +22,8 @@ class EngineConfig:
     fixed_batch: int = 0
     dynamic_batch: bool = True              # compile: one graph for every batch > 1 (False: one per batch size)
     streams: int = 0                        # batches up to this size run the hourglass skip branches on side CUDA streams
-    # With side streams, cuDNN's autotuned kernels ran batch 1 slower than its heuristic picks (H100: 0.99
-    # against 0.91 ms) and autotuning cost warm starts 2-3 s; the large batches keep autotuning.
+    # With side streams, cuDNN's autotuned kernels ran batch 1 slower than its heuristic picks, and
+    # autotuning cost warm starts seconds (docs/PERFORMANCE.md); the large batches keep autotuning.
     autotune_streamed: bool = False         # True: cudnn.benchmark decides for the streamed batches too
     share_graph_pool: bool = True           # CUDA graphs: one memory pool for all, captured largest first
     warmup: bool = True

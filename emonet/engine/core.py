@@ -149,10 +149,9 @@ class Engine:
         static_in = self._static_inputs[dtype_in][:batch]
         if self._graph_pool is None and self.config.share_graph_pool:
             self._graph_pool = torch.cuda.graph_pool_handle()
-        # A high-priority capture stream: with side streams, the critical path gets the SMs first
-        # (measured on an H100 at batch 1: 0.980 against 0.991 ms; no change without side streams).
-        # One for every graph: cuBLAS keeps a workspace per stream it runs on (32 MiB on Hopper), and
-        # a stream per batch size held 7 of them, 224 MB (docs/bench/warm_start.py).
+        # A high-priority capture stream: with side streams, the critical path gets the SMs first.
+        # One for every graph: cuBLAS keeps a workspace per stream it runs on, and a stream per batch
+        # size would hold one per batch size.
         if self._capture_stream is None:
             self._capture_stream = torch.cuda.Stream(self.device, priority=-1)
         stream = self._capture_stream

@@ -1,7 +1,7 @@
 """``torch.compile`` whose tracing is kept on disk: a second process loads compiled code instead of tracing.
 
 Inductor's own caches spare a warm start the code generation, but Dynamo still traces the Python code
-again in every process: on an H100 that was 12.7 of a warm start's 18.1 s (docs/PERFORMANCE.md).
+again in every process, most of a warm start's time (docs/PERFORMANCE.md).
 Dynamo's precompile API (``torch.compile(fn).aot_compile``, ``torch.compiler.load_compiled_function``)
 saves the traced and compiled function with its guards. :class:`Precompiled` keeps one such artifact per
 input signature in a folder and, like Dynamo's own cache, picks the one whose guards accept the call;

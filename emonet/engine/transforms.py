@@ -214,7 +214,7 @@ def pointwise_max_pools(model: EmoNet, inplace: bool = False) -> EngineNet:
     The stem's last block and each of the emotion head's blocks feed only a pooling. Inductor's
     max-pool lowering writes such a block's output at full size and reads it back; as elementwise
     maxima the pooling fuses into the kernel that adds the block's branches, which then writes a
-    quarter of that (H100, batch 256: the stem's block output alone is 1 GB written and read again).
+    quarter of that (at batch 256 the stem's block output alone is 1 GB written and read again).
     The hourglasses' pools keep ``F.max_pool2d``: their input is kept anyway for the skip branch.
     """
     model = _own(model, inplace)
@@ -234,7 +234,7 @@ def fuse_stack_ends(model: EmoNet, inplace: bool = False) -> EngineNet:
 
     The BN is folded into the 1x1 convolution and the ReLU becomes the matrix product's epilogue, so
     the 256-channel 64x64 result is written once instead of written, read and written again by a
-    separate ReLU pass (H100, batch 256: 1 GB per stack).
+    separate ReLU pass (at batch 256, 1 GB per stack).
     """
     model = _own(model, inplace)
     for i in range(model.n_stacks):

@@ -19,7 +19,8 @@ from torch.utils.data import Dataset
 
 from ..geometry import DETECTOR_SHIFT, LANDMARK_REFERENCE_SCALE, S3FD_REFERENCE_SCALE, box_to_matrix, \
     landmarks_box, warp_crops
-from ..io.images import InputError, read_image
+from ..errors import InputError
+from ..io.images import read_image
 
 # 5-class protocol: keep these 8-class labels, and map them to these indices (Anger 6 -> 4; spec §4).
 AFFECTNET_5_MAP = {0: 0, 1: 1, 2: 2, 3: 3, 6: 4}

@@ -31,7 +31,8 @@ from ..build import ModelOptions, build_detector, build_engine
 from ..cli import plural
 from ..io.atomic import write_text
 from ..provenance import provenance
-from ..io.images import InputError, check_writable_dir, read_image
+from ..errors import InputError
+from ..io.images import check_writable_dir, read_image
 from .metrics import evaluate_predictions
 
 PUBLISHED = {  # spec §8, cleaned AffectNet test set

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from . import encode_worker, ipc
-from .images import InputError
+from ..errors import HelperError, OutputError
+from .helper import died
 from .writer import check_video_name, join_segments
 
 SLOT_BUDGET = 512 << 20   # bytes of frames waiting for the encoders, at most
@@ -53,8 +54,8 @@ class AnnotatedVideoWriter:
         self.path = Path(path)
         self.fps = fps
         self.codec = codec
-        # One encoder by default: its x264 frame threads use the cores (on a 16-core GPU server it kept up
-        # better than two or three encoding segments side by side). mp4v: always one (OpenCV's files
+        # One encoder by default: its x264 frame threads use the cores, and it kept up better than two or
+        # three encoding segments side by side (docs/PERFORMANCE.md). mp4v: always one (OpenCV's files
         # cannot be joined without PyAV).
         self.workers = 1 if codec != "h264" else (workers or 1)
         self.segment_frames = segment_frames
@@ -170,7 +171,7 @@ class AnnotatedVideoWriter:
         try:
             ipc.send(self._procs[k].stdin, message)
         except (BrokenPipeError, OSError):
-            self._fail(f"an encoding process ended unexpectedly (exit code {self._procs[k].poll()})")
+            self._fail(died("encoding", self._procs[k]))
 
     def _hand_over(self) -> None:
         """Once a chunk's copies into its slots have finished, tell the encoders (a thread: no waiting here)."""
@@ -211,7 +212,7 @@ class AnnotatedVideoWriter:
             elif kind == "E":
                 self._fail(rest)
         if proc.wait() != 0:
-            self._fail(f"an encoding process ended unexpectedly (exit code {proc.returncode})")
+            self._fail(died("encoding", proc))
 
     def _fail(self, message: str) -> None:
         with self._lock:
@@ -220,7 +221,8 @@ class AnnotatedVideoWriter:
 
     def _check(self) -> None:
         if self._errors:
-            raise InputError(f"writing the annotated video failed: {self._errors[0]}")
+            kind = HelperError if "process ended unexpectedly" in self._errors[0] else OutputError
+            raise kind(f"writing the annotated video failed: {self._errors[0]}")
 
     def _claim(self, n: int) -> int:
         """The ring's next ``n`` slots, marked busy once every one is free; returns the first."""
@@ -281,7 +283,7 @@ class AnnotatedVideoWriter:
 
     def close(self) -> Optional[Path]:
         """Let the encoders finish every frame handed over, join their segments, and move the video into
-        place; returns its path (None when no frame was written). Raises :class:`InputError` on a failure,
+        place; returns its path (None when no frame was written). Raises :class:`OutputError` on a failure,
         after keeping what could be kept."""
         try:
             self._prepared()

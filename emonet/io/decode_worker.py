@@ -1,13 +1,13 @@
-"""The decoding child process of :class:`emonet.video.VideoReader`: frames decoded into shared-memory slots.
+"""The decoding child process of :class:`emonet.io.video.VideoReader`: frames decoded into shared-memory slots.
 
-Run as a script (``python decode_worker.py SPEC``), so it imports only PyAV, OpenCV and NumPy, not torch or
-the package: it starts in a fraction of a second. Decoding in a process of its own keeps FFmpeg fed while
+Started by :func:`emonet.io.helper.start_helper` (``main(SPEC)``, SPEC as JSON); it imports only PyAV, OpenCV
+and NumPy, not torch: it starts in a fraction of a second. Decoding in a process of its own keeps FFmpeg fed while
 the parent's Python threads hold the GIL (in a thread, every frame handed over waited for it).
 
 Video files are decoded by PyAV, frame-threaded, and handed over as decoded: I420 (yuv420p planes, 1.5
 bytes a pixel), which the parent turns into RGB on the GPU. OpenCV's reader converted every frame to BGR
-on the CPU (3 bytes a pixel): on a 16-core GPU server PyAV decoded a 720p clip 2.2 times as fast for
-two thirds of the CPU. OpenCV still reads cameras, numbered images, and the files PyAV cannot hand over
+on the CPU (3 bytes a pixel): PyAV decoded a 720p clip about twice as fast for two thirds of the CPU
+(docs/PERFORMANCE.md). OpenCV still reads cameras, numbered images, and the files PyAV cannot hand over
 as I420 as they are (no PyAV, odd sides, a rotation to apply), as BGR.
 
 The spec lists one or more videos (a collection's, in the order they are analysed): each is decoded in
@@ -41,7 +41,6 @@ import json
 import math
 import mmap
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -50,8 +49,8 @@ from typing import Optional
 
 
 def decoding_threads() -> int:
-    """FFmpeg threads for decoding a file: up to 8. FFmpeg's own choice (one per core, up to 16) burned nearly
-    twice the CPU per frame of 8 on a 16-core server, for fewer frames/s; the cores left over analyse and encode."""
+    """FFmpeg threads for decoding a file: up to 8. FFmpeg's own choice (one per core, up to 16) burned more CPU
+    per frame than 8, for fewer frames/s; the cores left over analyse and encode."""
     return max(1, min(8, os.cpu_count() or 1))
 
 
@@ -303,12 +302,12 @@ def _open(video: dict):
     return reader, first, time.perf_counter() - t0
 
 
-def main(spec: dict) -> int:
-    """Decode each of ``spec['videos']`` in turn into up to ``spec['slots']`` slots of a file in one of
-    ``spec['folders']``: the next video's frames follow the last one's without a pause."""
+def main(spec_json: str) -> int:
+    """Decode each of the JSON ``spec``'s ``videos`` in turn into up to ``slots`` slots of a file in one of its
+    ``folders``: the next video's frames follow the last one's without a pause."""
     import numpy as np
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    spec = json.loads(spec_json)
     out, inp = sys.stdout.buffer, sys.stdin.buffer
 
     def say(line: str, payload: bytes = b"") -> None:
@@ -426,6 +425,3 @@ def main(spec: dict) -> int:
                 pass
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(json.loads(sys.argv[1])))

@@ -1,7 +1,7 @@
 """An encoding child process of :class:`emonet.io.annotated.AnnotatedVideoWriter`.
 
-Run as a script (``python encode_worker.py``), so it imports OpenCV, NumPy and PyAV, never torch: it
-starts in a fraction of a second. Encoding in a process of its own keeps PyAV's per-frame Python work
+Started by :func:`emonet.io.helper.start_helper`; it imports OpenCV, NumPy and PyAV, never torch: it starts in
+a fraction of a second. Encoding in a process of its own keeps PyAV's per-frame Python work
 (wrapping each frame for FFmpeg) off the analysing process's GIL; x264's threads do the rest.
 
 Protocol. The parent writes messages on stdin (:mod:`.ipc`'s length-prefixed pickles; the parent is this
@@ -17,8 +17,8 @@ The child answers one text line each on stdout: ``O path`` (the slot file is map
 reused: each frame is given back once copied for the encoder), ``S frames path`` (a file is finished),
 ``T encode user system`` (seconds spent encoding, and the process's CPU seconds, x264's threads included,
 at the end), ``E message`` (a failure; later frames are then only released).
-It ignores Ctrl-C: the parent, which sees it too, ends the run by sending ``end``, so every frame handed
-over is kept.
+It ignores Ctrl-C (as every helper does): the parent, which sees it too, ends the run by sending ``end``, so
+every frame handed over is kept.
 
 :func:`start` starts one; :class:`Spare` keeps one started ahead of the video that will take it.
 """
@@ -28,12 +28,17 @@ import importlib
 import mmap
 import os
 import resource
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Optional
+
+from .helper import start_helper
+
+# Every file is closed and every line said when main returns: skip the interpreter's tear-down (tens of
+# ms), which the parent would wait for at the end of each video.
+FAST_EXIT = True
 
 # Each frame handed to FFmpeg gets a buffer of a few MB: glibc would map and unmap it at every frame, the
 # kernel zeroing fresh pages each time (system time rivalling x264's own); kept on the heap, it is reused.
@@ -42,8 +47,7 @@ WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_":
 
 def start() -> subprocess.Popen:
     """Start an encoding process (pipes to and from it); it waits for ``open``."""
-    return subprocess.Popen([sys.executable, str(Path(__file__).resolve())], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, env={**os.environ, **WORKER_ENV})
+    return start_helper("emonet.io.encode_worker:main", env=WORKER_ENV)
 
 
 class Spare:
@@ -69,8 +73,6 @@ class Spare:
 
 
 def main() -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the package, wherever it is installed
     import numpy as np
 
     from emonet.io.ipc import messages
@@ -137,10 +139,3 @@ def main() -> int:
     say(f"T {encode:.6f} {usage.ru_utime:.3f} {usage.ru_stime:.3f}")
     return 0
 
-
-if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    # Every file is closed and every line said: skip the interpreter's tear-down (tens of ms), which the parent
-    # would wait for at the end of each video.
-    os._exit(code)

@@ -10,14 +10,11 @@ from typing import Iterable, Union
 import cv2
 import numpy as np
 
+from ..errors import InputError
 from .atomic import write_bytes
 
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".jp2", ".pgm", ".ppm",
                     ".pbm", ".pnm", ".exr", ".hdr", ".sr", ".ras"}
-
-
-class InputError(Exception):
-    """A path the user gave cannot be used; the message says which and why."""
 
 
 def collect_images(specs: Iterable[str]) -> list[Path]:

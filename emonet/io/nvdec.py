@@ -1,9 +1,9 @@
 """Decoding on the GPU's own video decoder (NVDEC), through NVIDIA's PyNvVideoCodec where it is installed.
 
 For runs whose CPU is wanted elsewhere: while an annotated video is written, x264 takes every core it is
-given, and PyAV's decoding threads would take a fifth of them. One NVDEC decoder gives 1,500-1,700
-frames/s of 720p H.264 on an H100, fewer than PyAV's frame threads on 16 cores, so analysis alone decodes
-on the CPU unless asked otherwise.
+given, and PyAV's decoding threads would take a fifth of them. One NVDEC decoder gives fewer frames/s than
+PyAV's frame threads on a server's cores (docs/PERFORMANCE.md), so analysis alone decodes on the CPU unless
+asked otherwise.
 
 NVDEC's NV12 planes are FFmpeg's yuv420p planes, the chroma interleaved; they stay on the GPU, where
 :func:`emonet.io.video.i420_to_rgb` converts them as it does the CPU path's. Only what NVDEC decodes as

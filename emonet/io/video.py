@@ -9,8 +9,6 @@ import json
 import mmap
 import os
 import queue
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -24,7 +22,8 @@ import torch
 
 from . import ipc, nvdec
 from .decode_worker import in_run
-from .images import InputError
+from ..errors import InputError
+from .helper import died, start_helper
 
 # Frames of a file are converted to RGB on the GPU this many at a time: the conversion is a fixed number
 # of tensor operations, shared by the group (files only: a camera's frames go on one by one).
@@ -125,7 +124,7 @@ class Ending:
 
 
 class _Decoder:
-    """Decoding in a child process (``decode_worker.py``: PyAV, else OpenCV); frames come back through shared memory.
+    """Decoding in a child process (:mod:`.decode_worker`: PyAV, else OpenCV); frames come back through shared memory.
 
     In a thread of this process, decoding waited for the GIL whenever it handed a frame over, and
     FFmpeg's threads idled meanwhile; a process of its own decodes ahead into a few reusable slots of a
@@ -140,11 +139,9 @@ class _Decoder:
     def __init__(self, videos: list[dict], pin: bool) -> None:
         spec = {"videos": videos, "slots": self.SLOTS, "budget": self.BUDGET,
                 "folders": ["/dev/shm", tempfile.gettempdir()]}
-        worker = Path(__file__).resolve().with_name("decode_worker.py")
         # FFmpeg's own warnings (OpenCV prints them) are silenced in the child only.
-        env = {**os.environ, "OPENCV_FFMPEG_LOGLEVEL": os.environ.get("OPENCV_FFMPEG_LOGLEVEL", "-8")}
-        self.process = subprocess.Popen([sys.executable, str(worker), json.dumps(spec)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        env = {"OPENCV_FFMPEG_LOGLEVEL": os.environ.get("OPENCV_FFMPEG_LOGLEVEL", "-8")}
+        self.process = start_helper("emonet.io.decode_worker:main", json.dumps(spec), env=env, quiet=True)
         self.pin = pin
         self.source: Union[str, int, None] = None
         self.memory = None
@@ -187,8 +184,7 @@ class _Decoder:
     def _why(self, line: str) -> str:
         if line[0] == "E":
             return line[2:]
-        code = self.process.wait()
-        return f"the decoding process ended unexpectedly (exit code {code})"
+        return died("decoding", self.process)
 
     def _shape(self, h: int, w: int) -> tuple:
         return (h, w, 3) if self.layout == "bgr" else (h * 3 // 2, w)

@@ -14,7 +14,7 @@ from typing import Optional, Sequence, Union
 import cv2
 import numpy as np
 
-from .images import InputError
+from ..errors import InputError
 
 CODECS = ("h264", "mp4v")
 QP = 20  # x264's constant quantiser for the annotated video (lower: better and larger)

@@ -1,0 +1,23 @@
+"""Helper processes (emonet.io.helper): started one way, deaf to Ctrl-C, and a death said with its reason."""
+import signal
+import time
+
+from emonet.io.helper import died, start_helper
+
+
+def test_a_helper_ignores_ctrl_c_and_finishes_when_its_input_closes():
+    proc = start_helper("emonet.summary:serve_plots")  # the plotting helper: reads messages until stdin closes
+    time.sleep(1.0)  # started, with its handlers in place
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    assert proc.poll() is None  # Ctrl-C is the parent's to handle
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 0
+
+
+def test_a_helper_that_dies_is_said_with_its_reason():
+    proc = start_helper("emonet.summary:serve_plots")
+    proc.kill()
+    assert died("plotting", proc) == "the plotting process ended unexpectedly (killed by SIGKILL (out of memory?))"
+    proc = start_helper("emonet.io.helper:no_such_function", quiet=True)  # fails at start: exit code 1
+    assert died("test", proc) == "the test process ended unexpectedly (exit code 1)"

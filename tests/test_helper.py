@@ -7,12 +7,23 @@ from emonet.io.helper import died, start_helper
 
 def test_a_helper_ignores_ctrl_c_and_finishes_when_its_input_closes():
     proc = start_helper("emonet.summary:serve_plots")  # the plotting helper: reads messages until stdin closes
-    time.sleep(1.0)  # started, with its handlers in place
+    deadline = time.monotonic() + 60
+    while not _ignores_sigint(proc.pid):  # its first statement: wait for it, however slow the start
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.3)
     assert proc.poll() is None  # Ctrl-C is the parent's to handle
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0
+
+
+def _ignores_sigint(pid: int) -> bool:
+    """Whether process ``pid`` ignores SIGINT (Linux: its SigIgn mask in /proc)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    return False
 
 
 def test_a_helper_that_dies_is_said_with_its_reason():

@@ -139,8 +139,7 @@ class VideoRun:
     """One video's processing: its tracking (:class:`~emonet.pipeline.VideoPipeline`), sinks, progress bar and
     clocks while its chunks flow; once :meth:`close`\\ d, how it went."""
 
-    def __init__(self, video: VideoInput, source: Source, pipeline: Pipeline, config: VideoConfig,
-                 progress: bool = True) -> None:
+    def __init__(self, video: VideoInput, source: Source, pipeline: Pipeline, config: VideoConfig) -> None:
         self.source, self.sinks, self.config = source, video.sinks, config
         self.name = video.name or str(source.source)
         self.pipeline, self.engine = pipeline, pipeline.engine
@@ -258,6 +257,12 @@ def _chunks(frames: Iterable[Frame], size: int) -> Iterator[list[Frame]]:
         yield chunk
 
 
+def _last_chunk(run: VideoRun, last: PendingChunk) -> Iterator[Union[FrameFaces, VideoRun]]:
+    """A video's final chunk read, then the video closed."""
+    yield from run.finish(last)
+    yield run.close()
+
+
 def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
                loader: Optional[Callable[[tuple, Optional[int]], Pipeline]] = None,
                stop: Optional[StopToken] = None, startup: Optional[StartupClock] = None
@@ -314,15 +319,13 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
                     current.idle()  # behind the chunk just queued
                     if previous is not None:  # the last video's final chunk, read while this one's first runs
                         (done, last), previous = previous, None
-                        yield from done.finish(last)
-                        yield done.close()
+                        yield from _last_chunk(done, last)
                     pending = launched
             except InputError as exc:  # decoding failed part-way: the frames before it are kept
                 current.error = exc
             if previous is not None:  # this video gave no chunk
                 (done, last), previous = previous, None
-                yield from done.finish(last)
-                yield done.close()
+                yield from _last_chunk(done, last)
             if stop.asked or pending is None:
                 if pending is not None:
                     yield from current.finish(pending)
@@ -334,8 +337,7 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
                 previous, current = (current, pending), None
         if previous is not None:
             (done, last), previous = previous, None
-            yield from done.finish(last)
-            yield done.close()
+            yield from _last_chunk(done, last)
     except KeyboardInterrupt:
         # Stopped at once (a second Ctrl-C, or one before frames flowed): what is finished is kept; the chunks
         # still on the GPU are in no output. The run being read ends as interrupted, the last one.

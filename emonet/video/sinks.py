@@ -10,7 +10,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -245,5 +245,3 @@ def sinks_for(csv_path: Optional[str] = None, jsonl_path: Optional[str] = None, 
         sinks.append(AnnotatedSink(video, drawers, codec, workers))
     return sinks
 
-
-__all__: Sequence[str] = ("Sink", "RowSink", "SummarySink", "CallbackSink", "AnnotatedSink", "Drawers", "sinks_for")

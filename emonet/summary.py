@@ -186,10 +186,8 @@ class PlotProcess:
                 self._fail(item[1], died("plotting", self._proc))
 
     def _listen(self) -> None:
-        for raw in self._proc.stdout:
-            kind, _, rest = raw.decode(errors="replace").rstrip("\n").partition(" ")
-            if kind == "E":
-                path, _, message = rest.partition("\t")
+        for kind, path, message in ipc.messages(self._proc.stdout):
+            if kind == "error":
                 self._fail(path, message)
 
     def _fail(self, path: str, message: str) -> None:
@@ -213,19 +211,18 @@ class PlotProcess:
 
 
 def serve_plots() -> None:
-    """The plotting process of :class:`PlotProcess`: plots from stdin, a line ``E path<TAB>why`` per failure.
+    """The plotting process of :class:`PlotProcess`: ``(summary, path)`` messages (:mod:`emonet.io.ipc`) in, an
+    ``("error", path, why)`` message out per failure.
 
     It ignores Ctrl-C (:mod:`emonet.io.helper`): the parent, which sees it too, closes its stdin, and the plots
     handed over are finished.
     """
-    out = sys.stdout
     os.environ.setdefault("MPLBACKEND", "Agg")
     for summary, path in ipc.messages(sys.stdin.buffer):
         try:
             summary.plot(path)
         except Exception as exc:  # reported as that video's error; the others go on
-            out.write(f"E {path}\t{type(exc).__name__}: {exc}".replace("\n", " ") + "\n")
-            out.flush()
+            ipc.send(sys.stdout.buffer, ("error", path, f"{type(exc).__name__}: {exc}".replace("\n", " ")))
 
 
 def _r(value: float) -> float:

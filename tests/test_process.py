@@ -53,7 +53,7 @@ def process():
 def test_the_video_has_every_frame_drawn_as_the_canvas_draws_it(drawing, tmp_path, ahead):
     if ahead is not None and isinstance(drawing, DrawingProcess):
         drawing.warm(ahead)
-    video = drawing.open(tmp_path / "a.mp4", 25.0, NAMES, codec="h264", workers=1, frame=ahead)
+    video = drawing.open(tmp_path / "a.mp4", 25.0, NAMES, codec="h264", frame=ahead)
     here = VideoCanvas(NAMES, device=DEVICE)
     expected = []
     for start, n in ((0, 8), (8, 8), (16, 5)):  # the last chunk shorter, as at a video's end

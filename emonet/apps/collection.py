@@ -221,7 +221,7 @@ def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: l
             paths = output_paths(out_dir, video, args.output_videos)
             sinks = [RowSink(str(paths["csv"]), landmarks=config.landmarks)]
             if drawers is not None:
-                sinks.append(AnnotatedSink(str(paths["video"]), drawers, config.codec, config.video_workers))
+                sinks.append(AnnotatedSink(str(paths["video"]), drawers, config.codec))
             sinks.append(SummarySink(str(video), paths["summary"], paths["plot"], plots))
             yield VideoInput(source, sinks, f"[{n}/{len(mine)}] {video.name}", name=str(video))
 

@@ -30,7 +30,7 @@ def video_config(args: argparse.Namespace) -> VideoConfig:
     return VideoConfig(model=model_options(args), batch_size=args.batch_size, detect_every=args.detect_every,
                        smooth=args.smooth, small_faces=args.small_faces, max_faces=args.max_faces,
                        start=args.start, end=args.end, max_frames=args.max_frames, decoder=args.decoder,
-                       codec=args.codec, video_workers=args.video_workers, landmarks=args.landmarks)
+                       codec=args.codec, landmarks=args.landmarks)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     drawers = Drawers(device) if args.output else None
     stop = StopToken().install()
     try:
-        sinks = sinks_for(args.csv, args.jsonl, args.output, drawers, args.landmarks, args.codec, args.video_workers)
+        sinks = sinks_for(args.csv, args.jsonl, args.output, drawers, args.landmarks, args.codec)
         video = VideoInput(lambda: open_source(source, config, device, annotated=bool(args.output)), sinks)
         result = run_video(video, config, stop=stop, startup=startup)
     finally:
@@ -92,7 +92,7 @@ def report(run: VideoRun, config: VideoConfig) -> None:
     others = ""
     if drawn is not None:
         others = (f"{'; plan, draw, to encoders and encoder wait in the drawing process' if drawn.apart else ''}; "
-                  f"encode in {drawn.workers} encoding process{'es' if drawn.workers > 1 else ''} (their time adds up)")
+                  f"encode in the encoding process")
     where = "is NVDEC's, on the GPU" if run.source.nvdec else "runs in a process of its own"
     print(f"time per frame by stage (ms; decode {where}{others}; the rest in this one, "
           f"EmoNet with tracking and crops): {per}", file=err)
@@ -139,9 +139,6 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     out.add_argument("--codec", choices=CODECS, default="h264",
                      help="h264 (default: yuv420p, index at the front, plays in browsers and players; needs "
                           "PyAV) or mp4v (MPEG-4 Part 2 through OpenCV, for setups without PyAV)")
-    out.add_argument("--video-workers", type=int, default=None, metavar="N",
-                     help="processes that encode the annotated video, each a segment at a time (default: 1, "
-                          "with x264's frame threads on three quarters of the cores, up to 12; mp4v: 1)")
     out.add_argument("--csv", metavar="FILE", help="one row per face per frame (a frame with no face: one row "
                                                    "with empty values); - for standard output, the default "
                                                    "when nothing else is to be written")
@@ -183,7 +180,7 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                            help="temporal smoothing per face, a weighted mean of the last 5 outputs (default: on)")
     add_model_arguments(parser)
     args = parser.parse_args(argv)
-    for name in ("batch_size", "detect_every", "max_frames", "video_workers"):
+    for name in ("batch_size", "detect_every", "max_frames"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, not {value}")

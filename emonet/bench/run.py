@@ -372,14 +372,13 @@ def video_benchmark(clip: Optional[str], device: str, engines: list[str], repeat
         runs = [(f"demo_video.py --no-video --engine {e}", ["--no-video", "--csv", str(Path(tmp) / "f.csv"),
                                                            "--engine", e], repeat) for e in engines]
         # The default annotated video as often as analysis alone (their ratio is the cost of the video); then
-        # decoded on the CPU (the default decodes on NVDEC where PyNvVideoCodec is installed), two encoders, mp4v.
-        for codec, workers, decoder in (("h264", 1, "auto"), ("h264", 1, "cpu"), ("h264", 2, "auto"),
-                                        ("mp4v", 1, "auto")):
-            runs.append((f"demo_video.py --output (annotated video) --codec {codec} --video-workers {workers} "
-                         f"--decoder {decoder} --engine {engines[0]}",
-                         ["--output", str(Path(tmp) / f"o-{codec}.mp4"), "--codec", codec, "--video-workers",
-                          str(workers), "--decoder", decoder, "--engine", engines[0]],
-                         repeat if (codec, workers, decoder) == ("h264", 1, "auto") else 1))
+        # decoded on the CPU (the default decodes on NVDEC where PyNvVideoCodec is installed), mp4v.
+        for codec, decoder in (("h264", "auto"), ("h264", "cpu"), ("mp4v", "auto")):
+            runs.append((f"demo_video.py --output (annotated video) --codec {codec} --decoder {decoder} "
+                         f"--engine {engines[0]}",
+                         ["--output", str(Path(tmp) / f"o-{codec}.mp4"), "--codec", codec, "--decoder", decoder,
+                          "--engine", engines[0]],
+                         repeat if (codec, decoder) == ("h264", "auto") else 1))
         notes = []
         for label, args, times in runs:
             cmd = [sys.executable, *script, "--video", str(path), "--weights", "random", "--device", device, *args]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pickle
 import resource
 import queue
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,7 +40,6 @@ class DrawnVideo:
                                          # encode: the encoders'
     cpu: dict[str, float] = field(default_factory=dict)  # CPU-seconds: drawing, encoding
     resized: bool = False                # the video changed frame size; frames were resized to the first's
-    workers: int = 1                     # encoder processes
     apart: bool = True                   # drawn in a process of its own (else in the analysing one)
 
     @classmethod
@@ -51,7 +49,7 @@ class DrawnVideo:
             raise _failure(report["error"])
         cpu = report["cpu"] if apart else {"encoding": report["cpu"]["encoding"]}  # else in this process's
         return cls(Path(report["path"]) if report["path"] else None, {**report["seconds"], "encode": report["encode"]},
-                   cpu, report["resized"], report["workers"], apart)
+                   cpu, report["resized"], apart)
 
 
 def _failure(error: str, died: bool = False) -> OutputError:
@@ -78,8 +76,7 @@ class VideoDrawing:
         self.cpu0 = _cpu()
         self.writer, self.failed = None, None
         try:  # its encoders start now, and its ring where the frames' size is known
-            self.writer = AnnotatedVideoWriter(spec["path"], spec["fps"], codec=spec["codec"], workers=spec["workers"],
-                                               spare=spare)
+            self.writer = AnnotatedVideoWriter(spec["path"], spec["fps"], codec=spec["codec"], spare=spare)
             if spec.get("frame"):
                 self.writer.prepare(coded_size(*spec["frame"]), device)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which turns it into one line
@@ -110,7 +107,7 @@ class VideoDrawing:
             except Exception as exc:  # noqa: BLE001
                 self.failed = self.failed or f"{exc}"
         return {"path": str(path) if path else None, "seconds": self.seconds, "error": self.failed,
-                "resized": self.canvas.resized, "workers": writer.workers if writer else 1,
+                "resized": self.canvas.resized,
                 "encode": writer.encode_seconds if writer else 0.0,
                 "cpu": {"drawing": _cpu() - self.cpu0,
                         "encoding": sum(writer.cpu_seconds.values()) if writer else 0.0}}
@@ -200,13 +197,13 @@ class DrawingProcess:
             from torch.multiprocessing import reductions
 
             reductions.init_reductions()
-            data = bytes(ForkingPickler.dumps(message, pickle.HIGHEST_PROTOCOL))
+            data = ipc.frame(message, bytes(ForkingPickler.dumps(message, pickle.HIGHEST_PROTOCOL)))
         else:
-            data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+            data = ipc.frame(message)
         if message[0] == "chunk":
             with self._state:
                 self._in_flight += 1
-        self._outbox.put(struct.pack(">I", len(data)) + data)
+        self._outbox.put(data)
 
     def _wait(self, done) -> None:
         """Wait (counted in ``wait_seconds``) until ``done()`` or the process has ended."""
@@ -225,12 +222,12 @@ class DrawingProcess:
             raise _failure(self._died, died=True)
 
     def open(self, path: Union[str, Path], fps: float, class_names: Sequence[str], banner: Optional[str] = None,
-             codec: str = "h264", workers: Optional[int] = None, frame: Optional[tuple[int, int]] = None) -> int:
+             codec: str = "h264", frame: Optional[tuple[int, int]] = None) -> int:
         """Start a video at ``path`` (its encoders start now; with ``frame``, the ``(H, W)`` of its frames, their
         ring too); its number, for :meth:`put` and :meth:`finish`."""
         self._videos += 1
         self._send(("open", self._videos, {"path": str(path), "fps": fps, "class_names": list(class_names),
-                                           "banner": banner, "codec": codec, "workers": workers, "frame": frame}))
+                                           "banner": banner, "codec": codec, "frame": frame}))
         return self._videos
 
     def warm(self, frame: tuple[int, int]) -> None:
@@ -329,12 +326,12 @@ class LocalDrawing:
         self._spare = Spare()  # the encoder of the first video, then of each next one
 
     def open(self, path: Union[str, Path], fps: float, class_names: Sequence[str], banner: Optional[str] = None,
-             codec: str = "h264", workers: Optional[int] = None, frame: Optional[tuple[int, int]] = None) -> int:
+             codec: str = "h264", frame: Optional[tuple[int, int]] = None) -> int:
         """As :meth:`DrawingProcess.open`."""
         self._count += 1
         self._videos[self._count] = VideoDrawing({"path": str(path), "fps": fps, "class_names": list(class_names),
-                                                  "banner": banner, "codec": codec, "workers": workers,
-                                                  "frame": frame}, self.device, self._spare)
+                                                  "banner": banner, "codec": codec, "frame": frame},
+                                                 self.device, self._spare)
         return self._count
 
     def put(self, video: int, images: Sequence[torch.Tensor], indices: Sequence[int], faces: Sequence,

@@ -10,7 +10,7 @@ Protocol: :mod:`emonet.io.ipc` messages both ways, the parent's pickled by torch
 pickler (a CUDA tensor crosses as a CUDA IPC handle: the frames stay on the GPU). Parent to child:
 
 - ``("open", video, spec)``: a new video, numbered ``video`` (``path``, ``fps``, ``class_names``, ``banner``,
-  ``codec``, ``workers``, and ``frame``, the ``(H, W)`` of its first frame if known: its encoders' ring is
+  ``codec``, and ``frame``, the ``(H, W)`` of its first frame if known: its encoder's ring is
   made at once); the next one may open before the last one is closed (its final frames come later);
 - ``("warm", (H, W))``: draw a throwaway frame of that size (the parent's model is loading meanwhile);
 - ``("ring", frames, events)``: on a GPU, the parent's ``(slots, capacity, H, W, 3)`` uint8 frame ring and

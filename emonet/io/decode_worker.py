@@ -14,35 +14,34 @@ The spec lists one or more videos (a collection's, in the order they are analyse
 turn, the next one's first frames into the slots as soon as the last one's are handed back, so many
 short videos cost one process start and no pause between them.
 
-Protocol, one text line per message. The child writes on stdout, for each video in turn:
+Protocol: :mod:`.ipc` messages both ways; the frames themselves go through an :class:`.ipc.Ring`. The
+child sends, for each video in turn:
 
-- ``I fps frame_count height width slots path layout``: opened; ``path`` is a new slot file (the parent
-  maps it and deletes its name at once), ``=`` when the last video's slots serve this one too, ``-`` when
-  the video has no frame at all; ``layout`` is ``bgr`` (height x width x 3 bytes) or
+- ``("I", fps, frame_count, height, width, slots, path, layout)``: opened; ``path`` is a new ring's file
+  (the parent attaches it and removes its name at once), ``"="`` when the last video's ring serves this one
+  too, ``None`` when the video has no frame at all; ``layout`` is ``bgr`` (height x width x 3 bytes) or
   ``i420:MATRIX:RANGE`` (yuv420p planes, ``MATRIX`` 601 or 709, ``RANGE`` limited or full);
-- ``F slot height width seconds time``: a frame is in ``slot``; ``seconds`` is the time its decoding took,
-  ``time`` its presentation time in seconds from the stream's start (a camera's: since its first frame
-  was captured), ``-`` where the source has none (numbered images);
-- ``B height width seconds time``, then the frame's bytes: a frame too large for a slot (the video changed
-  size), sent through the pipe instead;
-- ``D produced declared damaged``: no more frames of this video (at its end, ``max_frames`` or ``end``):
-  how many were handed over, how many the container declares (0: it does not say), and 1 where decoding
-  stopped at damaged data; ``X reason``: it could not be opened; ``E message``: decoding failed. The next
+- ``("F", slot, height, width, seconds, time)``: a frame is in ``slot``; ``seconds`` is the time its
+  decoding took, ``time`` its presentation time in seconds from the stream's start (a camera's: since its
+  first frame was captured), None where the source has none (numbered images);
+- ``("B", height, width, seconds, time, data)``: a frame too large for a slot (the video changed size), its
+  bytes in the message;
+- ``("D", produced, declared, damaged)``: no more frames of this video (at its end, ``max_frames`` or ``end``):
+  how many were handed over, how many the container declares (0: it does not say), and whether decoding
+  stopped at damaged data; ``("X",)``: it could not be opened; ``("E", message)``: decoding failed. The next
   video follows.
 
-The parent writes a slot number on stdin when it has finished with that slot. The child decodes ahead
-into free slots and waits for one when none is left, so memory stays bounded; a video with larger frames
-gets a new slot file once every slot of the old one is back. It ignores Ctrl-C: the parent, which sees it
-too, ends the child when it closes the reader.
+The parent sends ``("R", slot)`` when it has finished with a slot. The child decodes ahead into free slots
+and waits for one when none is left, so memory stays bounded; a video with larger frames gets a new ring
+once every slot of the old one is back. It ignores Ctrl-C: the parent, which sees it too, ends the child
+when it closes the reader.
 """
 from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import sys
-import tempfile
 import time
 from collections import deque
 from typing import Optional
@@ -255,30 +254,6 @@ def presentation_times(source: str) -> list:
         return [float((p - t0) * stream.time_base) for p in pts]
 
 
-def _slot_file(spec: dict, slot_bytes: int):
-    """``(slots, path, mmap)`` in the first folder with room (shared memory first), or ``(0, None, None)``.
-
-    At most ``spec['budget']`` bytes, and at least 2 slots; the space is reserved now (posix_fallocate),
-    so a full tmpfs fails here rather than with SIGBUS on a later frame.
-    """
-    slots = max(2, min(spec["slots"], spec["budget"] // slot_bytes))
-    for folder in spec["folders"]:
-        if not os.path.isdir(folder):
-            continue
-        fd, path = tempfile.mkstemp(prefix="emonet-frames-", dir=folder)
-        try:
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(fd, 0, slots * slot_bytes)
-            else:
-                os.ftruncate(fd, slots * slot_bytes)
-            return slots, path, mmap.mmap(fd, slots * slot_bytes)
-        except OSError:
-            os.unlink(path)
-        finally:
-            os.close(fd)
-    return 0, None, None
-
-
 def _open(video: dict):
     """``(reader, first frame as decoded, seconds it took)`` of one video; reader None: it cannot be opened.
     ``reader.time`` is the first frame's presentation time until the next read."""
@@ -303,74 +278,59 @@ def _open(video: dict):
 
 
 def main(spec_json: str) -> int:
-    """Decode each of the JSON ``spec``'s ``videos`` in turn into up to ``slots`` slots of a file in one of its
-    ``folders``: the next video's frames follow the last one's without a pause."""
+    """Decode each of the JSON ``spec``'s ``videos`` in turn into a ring of up to ``slots`` slots (at most
+    ``budget`` bytes) in one of its ``folders``: the next video's frames follow the last one's without a pause."""
     import numpy as np
+
+    from emonet.io.ipc import Ring, receive, send
 
     spec = json.loads(spec_json)
     out, inp = sys.stdout.buffer, sys.stdin.buffer
-
-    def say(line: str, payload: bytes = b"") -> None:
-        out.write(line.encode() + b"\n" + payload)
-        out.flush()
-
-    memory = path = None
-    slots = slot_bytes = 0
+    ring: Optional[Ring] = None
     free: deque = deque()
-    views: dict = {}  # (slot, shape) -> array over the slot
+
+    def say(*message) -> None:
+        send(out, message)
 
     def take_back() -> bool:
         """Wait for the parent to hand a slot back; False once it has gone."""
-        line = inp.readline()
-        if not line:
+        message = receive(inp)
+        if message is None:
             return False
-        free.append(int(line))
+        free.append(message[1])
         return True
-
-    def view(slot: int, shape: tuple):
-        key = (slot, shape)
-        if key not in views:
-            n = int(np.prod(shape))
-            views[key] = np.frombuffer(memory, dtype=np.uint8)[slot * slot_bytes: slot * slot_bytes + n].reshape(shape)
-        return views[key]
 
     try:
         for video in spec["videos"]:
             reader, first, seconds = _open(video)
             if reader is None:
-                say("X cannot-open")
+                say("X")
                 continue
             fps, count = reader.fps, reader.count
             if first is None:
                 reader.close()
-                say(f"I {fps} {count} 0 0 0 - {reader.layout}")
-                say(f"D 0 {reader.declared} {int(reader.damaged)}")
+                say("I", fps, count, 0, 0, 0, None, reader.layout)
+                say("D", 0, reader.declared, reader.damaged)
                 continue
             h, w = reader.dims(first)
-            named = "="  # the slots so far serve this video too
-            if first.nbytes > slot_bytes:  # the first video, or larger frames: slots of this size
-                while len(free) < slots:  # every slot handed back: the parent has finished with the old file
-                    if not take_back():
-                        return 0
-                views.clear()
-                frame = target = None  # no view of the old slots may outlive their file
-                if memory is not None:
-                    try:
-                        memory.close()
-                    except BufferError:  # a view is still about: the mapping goes with it
-                        pass
-                    try:
-                        os.unlink(path)  # normally the parent already did, right after mapping it
-                    except FileNotFoundError:
-                        pass
+            named = "="  # the ring so far serves this video too
+            if ring is None or first.nbytes > ring.slot_bytes:  # the first video, or larger frames: a new ring
+                if ring is not None:
+                    while len(free) < ring.slots:  # every slot handed back: the parent has finished with it
+                        if not take_back():
+                            return 0
+                    frame = target = None  # no view of the old slots may outlive their file
+                    ring.unlink()  # normally the parent already did, right after attaching it
+                    ring.close()
                 slot_bytes = first.nbytes
-                slots, path, memory = _slot_file(spec, slot_bytes)
-                if memory is None:
+                ring = Ring.create(max(2, min(spec["slots"], spec["budget"] // slot_bytes)), slot_bytes,
+                                   spec["folders"])
+                if ring is None:
                     reader.close()
-                    say(f"E no room for {spec['slots']} decoded frames of {w}x{h} in {' or '.join(spec['folders'])}")
+                    say("E", f"no room for {spec['slots']} decoded frames of {w}x{h} in {' or '.join(spec['folders'])}")
                     return 0
-                free, named = deque(range(slots)), path
-            say(f"I {fps} {count} {h} {w} {slots} {named} {reader.layout}")
+                free, named = deque(range(ring.slots)), ring.path
+            say("I", fps, count, h, w, ring.slots, named, reader.layout)
             # Where this video's run ends: --max-frames, or --end by the parent's reckoning of frame times.
             rate = fps if 0 < fps < 1000 else 30.0
             index = int(round(video["start"] * rate)) if video["start"] > 0 else 0
@@ -382,14 +342,14 @@ def main(spec_json: str) -> int:
                         if not take_back():  # the parent has gone
                             return 0
                     slot = free.popleft()
-                    if pending is not None:  # the first frame, read before the slots existed
+                    if pending is not None:  # the first frame, read before the ring existed
                         frame, pending = pending, None
                     else:
                         # Decoded (or copied) straight into the slot while frames fit it; a larger frame gets
-                        # an array of its own and goes through the pipe.
+                        # an array of its own and goes in the message.
                         t0 = time.perf_counter()
-                        frame = reader.read(lambda fh, fw: view(slot, reader.shape(fh, fw))
-                                            if math.prod(reader.shape(fh, fw)) <= slot_bytes else None)
+                        frame = reader.read(lambda fh, fw: ring.view(slot, reader.shape(fh, fw))
+                                            if math.prod(reader.shape(fh, fw)) <= ring.slot_bytes else None)
                         seconds = time.perf_counter() - t0
                         if frame is None:
                             free.appendleft(slot)
@@ -397,31 +357,26 @@ def main(spec_json: str) -> int:
                     h, w = reader.dims(frame)
                     produced += 1
                     index += 1
-                    shown = "-" if reader.time is None else f"{reader.time:.6f}"
-                    if frame.nbytes > slot_bytes:  # the video grew: this frame goes through the pipe
-                        say(f"B {h} {w} {seconds:.6f} {shown}", frame.tobytes())
+                    if frame.nbytes > ring.slot_bytes:  # the video grew: this frame goes through the pipe
+                        say("B", h, w, seconds, reader.time, frame.tobytes())
                         free.appendleft(slot)
                         continue
-                    target = view(slot, frame.shape)
+                    target = ring.view(slot, frame.shape)
                     if frame.ctypes.data != target.ctypes.data:
                         np.copyto(target, frame)
-                    say(f"F {slot} {h} {w} {seconds:.6f} {shown}")
-                say(f"D {produced} {reader.declared} {int(reader.damaged)}")
+                    say("F", slot, h, w, seconds, reader.time)
+                say("D", produced, reader.declared, reader.damaged)
             except BrokenPipeError:
                 raise
-            except Exception as exc:  # one line for the parent to report; the next video goes on
-                say(f"E {type(exc).__name__}: {exc}".replace("\n", " "))
+            except Exception as exc:  # one message for the parent to report; the next video goes on
+                say("E", f"{type(exc).__name__}: {exc}".replace("\n", " "))
             finally:
                 reader.close()
-        while inp.readline():  # the slot file stays named until the parent has mapped it: wait for its end
+        while receive(inp) is not None:  # the ring stays named until the parent has attached it: wait for its end
             pass
     except BrokenPipeError:  # the parent closed the reader early; nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
     finally:
-        if path is not None:
-            try:
-                os.unlink(path)  # normally the parent already did, right after mapping it
-            except FileNotFoundError:
-                pass
+        if ring is not None:
+            ring.unlink()  # normally the parent already did, right after attaching it
     return 0
-

@@ -4,34 +4,30 @@ Started by :func:`emonet.io.helper.start_helper`; it imports OpenCV, NumPy and P
 a fraction of a second. Encoding in a process of its own keeps PyAV's per-frame Python work
 (wrapping each frame for FFmpeg) off the analysing process's GIL; x264's threads do the rest.
 
-Protocol. The parent writes messages on stdin (:mod:`.ipc`'s length-prefixed pickles; the parent is this
-process's own creator: nothing else writes there):
+Protocol: :mod:`.ipc` messages both ways; the frames themselves are in an :class:`.ipc.Ring`. The parent sends:
 
-- ``("open", spec)``: the slot file to map, slot count and size, frame size, frame rate, codec, encoder
-  threads;
-- ``("frames", path, [(slot, index), ...])``: append the I420 frames in these slots to the file ``path``
-  (a new path finishes the previous one: the parent's segments);
-- ``("end",)``: finish the open file and exit.
+- ``("open", spec)``: the ring to attach (``ring``, ``slots``), the frame ``size``, ``fps``, the output
+  ``path``, ``codec`` and encoder ``threads``;
+- ``("frames", [(slot, index), ...])``: append the I420 frames in these slots;
+- ``("end",)``: finish the file and exit.
 
-The child answers one text line each on stdout: ``O path`` (the slot file is mapped), ``R slot`` (the slot may be
-reused: each frame is given back once copied for the encoder), ``S frames path`` (a file is finished),
-``T encode user system`` (seconds spent encoding, and the process's CPU seconds, x264's threads included,
-at the end), ``E message`` (a failure; later frames are then only released).
-It ignores Ctrl-C (as every helper does): the parent, which sees it too, ends the run by sending ``end``, so
-every frame handed over is kept.
+The child answers ``("mapped", ring)`` (the ring is attached: the parent may remove its name), ``("released",
+slot)`` (the slot may be reused: each frame is given back once copied for the encoder), ``("written",
+frames)`` (the file is finished), ``("times", encode, user, system)`` (seconds spent encoding, and the
+process's CPU seconds, x264's threads included, at the end), ``("error", message)`` (a failure; later
+frames are then only released). It ignores Ctrl-C (as every helper does): the parent, which sees it too,
+ends the run by sending ``end``, so every frame handed over is kept.
 
 :func:`start` starts one; :class:`Spare` keeps one started ahead of the video that will take it.
 """
 from __future__ import annotations
 
 import importlib
-import mmap
 import os
 import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Optional
 
 from .helper import start_helper
@@ -73,69 +69,54 @@ class Spare:
 
 
 def main() -> int:
-    import numpy as np
-
-    from emonet.io.ipc import messages
+    from emonet.io.ipc import Ring, messages, send
     from emonet.io.writer import VideoWriter
     try:  # PyAV now, while this process waits for its video, not when its first frames come
         importlib.import_module("av")
     except ImportError:  # the writer says so, if the video needs it
         pass
 
-    out = sys.stdout
+    out = sys.stdout.buffer
 
-    def say(line: str) -> None:
+    def say(*message) -> None:
         try:
-            out.write(line + "\n")
-            out.flush()
+            send(out, message)
         except OSError:  # the parent has ended (a spare's, say): no one listens, and the exit stays quiet
             os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
 
-    slots = spec = writer = None
+    ring = spec = writer = None
     failed = False
     encode = 0.0
-
-    def finish() -> None:
-        nonlocal writer
-        if writer is not None:
-            frames, path = writer.frames, writer.close()
-            writer = None
-            if path is not None:
-                say(f"S {frames} {path}")
-
     for message in messages(sys.stdin.buffer):
         kind = message[0]
         if kind == "open":
             spec = message[1]
-            with open(spec["slots_path"], "r+b") as fh:
-                memory = mmap.mmap(fh.fileno(), 0)
-            whole = np.frombuffer(memory, np.uint8)
+            ring = Ring.attach(spec["ring"], spec["slots"])
             w, h = spec["size"]
-            slots = [whole[i * spec["slot_bytes"]:][: w * h * 3 // 2] for i in range(spec["slots"])]
-            say(f"O {spec['slots_path']}")  # mapped: the parent may remove the file's name
+            say("mapped", spec["ring"])
         elif kind == "frames":
-            _, path, frames = message
-            for slot, index in frames:
+            for slot, index in message[1]:
                 if not failed:  # after a failure, frames are only given back
                     try:
                         t0 = time.perf_counter()
-                        if writer is None or writer.path != Path(path):
-                            finish()
-                            writer = VideoWriter(path, spec["fps"], tuple(spec["size"]), codec=spec["codec"],
+                        if writer is None:
+                            writer = VideoWriter(spec["path"], spec["fps"], tuple(spec["size"]), codec=spec["codec"],
                                                  threads=spec["threads"])
-                        writer.write_i420(slots[slot], index)
+                        writer.write_i420(ring.view(slot, (w * h * 3 // 2,)), index)
                         encode += time.perf_counter() - t0
                     except Exception as exc:  # reported once; the parent turns it into one line
                         failed = True
-                        say("E " + f"{type(exc).__name__}: {exc}".replace("\n", " "))
-                say(f"R {slot}")  # copied for the encoder: the slot may take the next frame at once
+                        say("error", f"{type(exc).__name__}: {exc}".replace("\n", " "))
+                say("released", slot)  # copied for the encoder: the slot may take the next frame at once
         elif kind == "end":
             break
-    try:
-        finish()
-    except Exception as exc:
-        say("E " + f"{type(exc).__name__}: {exc}".replace("\n", " "))
+    if writer is not None:
+        try:
+            frames = writer.frames
+            if writer.close() is not None:
+                say("written", frames)
+        except Exception as exc:
+            say("error", f"{type(exc).__name__}: {exc}".replace("\n", " "))
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    say(f"T {encode:.6f} {usage.ru_utime:.3f} {usage.ru_stime:.3f}")
+    say("times", encode, usage.ru_utime, usage.ru_stime)
     return 0
-

@@ -6,10 +6,8 @@ video of any length uses the same memory. Writing is :mod:`.writer`'s.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import queue
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -137,16 +135,13 @@ class _Decoder:
     BUDGET = 256 << 20  # bytes of decoded frames held ahead, at most
 
     def __init__(self, videos: list[dict], pin: bool) -> None:
-        spec = {"videos": videos, "slots": self.SLOTS, "budget": self.BUDGET,
-                "folders": ["/dev/shm", tempfile.gettempdir()]}
+        spec = {"videos": videos, "slots": self.SLOTS, "budget": self.BUDGET, "folders": list(ipc.FOLDERS)}
         # FFmpeg's own warnings (OpenCV prints them) are silenced in the child only.
         env = {"OPENCV_FFMPEG_LOGLEVEL": os.environ.get("OPENCV_FFMPEG_LOGLEVEL", "-8")}
         self.process = start_helper("emonet.io.decode_worker:main", json.dumps(spec), env=env, quiet=True)
         self.pin = pin
         self.source: Union[str, int, None] = None
-        self.memory = None
-        self.slot_views: list[np.ndarray] = []
-        self._registered = None
+        self.ring: Optional[ipc.Ring] = None
         self.at_end = True  # every message of the current video has been read
         self.ending: Optional[Ending] = None  # the current video's, once read to its end
 
@@ -156,34 +151,30 @@ class _Decoder:
         when it cannot be opened."""
         self.source = source
         self.ending = None
-        line = self._line()
-        if line[0] == "X":
+        message = self._receive()
+        if message[0] == "X":
             camera = isinstance(source, int)
             raise InputError(f"camera {source} could not be opened (no camera there, or it is in use)" if camera
                              else f"{source}: not a video FFmpeg or OpenCV can open (not a video, corrupt, or an unknown codec)")
-        if line[0] != "I":
-            raise InputError(f"{source}: decoding could not start ({self._why(line)})")
-        _, fps, count, h, w, slots, path, self.layout = line.split(" ", 7)
+        if message[0] != "I":
+            raise InputError(f"{source}: decoding could not start ({self._why(message)})")
+        _, fps, count, h, w, slots, path, self.layout = message
         self.fps, self.frame_count = float(fps), int(count)
         self.shape = (int(h), int(w), 3)
         self.at_end = False
-        if path not in ("-", "="):  # a new slot file: the old one's slots have all been handed back
+        if path not in (None, "="):  # a new ring: the old one's slots have all been handed back
             self._unmap()
-            with open(path, "r+b") as fh:
-                self.memory = mmap.mmap(fh.fileno(), 0)
-            os.unlink(path)  # both processes hold it mapped: nothing is left behind, however they end
-            whole = np.frombuffer(self.memory, dtype=np.uint8)
-            size = len(whole) // int(slots)
-            self.slot_views = [whole[i * size:(i + 1) * size] for i in range(int(slots))]
+            self.ring = ipc.Ring.attach(path, slots)
+            self.ring.unlink()  # both processes hold it mapped: nothing is left behind, however they end
             if self.pin:  # page-locked, a slot uploads asynchronously
-                self._registered = ipc.pin(whole)
+                self.ring.pin()
 
-    def _line(self) -> str:
-        return self.process.stdout.readline().decode(errors="replace").rstrip("\n") or "?"
+    def _receive(self) -> tuple:
+        return ipc.receive(self.process.stdout) or ("?",)
 
-    def _why(self, line: str) -> str:
-        if line[0] == "E":
-            return line[2:]
+    def _why(self, message: tuple) -> str:
+        if message[0] == "E":
+            return message[1]
         return died("decoding", self.process)
 
     def _shape(self, h: int, w: int) -> tuple:
@@ -194,39 +185,30 @@ class _Decoder:
         ``(H, W, 3)``, or I420 ``(H * 3 // 2, W)`` planes, as :attr:`layout` says); hand each slot back with
         :meth:`release`. At the end, :attr:`ending` says how the video ended."""
         while True:
-            line = self._line()
-            kind = line[0]
+            message = self._receive()
+            kind = message[0]
             if kind == "F":
-                _, slot, h, w, seconds, shown = line.split(" ")
-                slot, shape = int(slot), self._shape(int(h), int(w))
-                self.shape = (int(h), int(w), 3)
-                yield (self.slot_views[slot][:int(np.prod(shape))].reshape(shape), float(seconds), slot,
-                       None if shown == "-" else float(shown))
+                _, slot, h, w, seconds, shown = message
+                self.shape = (h, w, 3)
+                yield self.ring.view(slot, self._shape(h, w)), seconds, slot, shown
             elif kind == "B":
-                _, h, w, seconds, shown = line.split(" ")
-                shape = self._shape(int(h), int(w))
-                self.shape = (int(h), int(w), 3)
-                size = int(np.prod(shape))
-                data = bytearray(self.process.stdout.read(size))
-                if len(data) != size:
-                    raise RuntimeError(self._why("?"))
-                yield (np.frombuffer(data, np.uint8).reshape(shape), float(seconds), None,
-                       None if shown == "-" else float(shown))
+                _, h, w, seconds, shown, data = message
+                self.shape = (h, w, 3)
+                yield np.frombuffer(bytearray(data), np.uint8).reshape(self._shape(h, w)), seconds, None, shown
             elif kind == "D":
-                _, produced, declared, damaged = line.split(" ")
-                self.ending = Ending(int(produced), int(declared), damaged == "1")
+                _, produced, declared, damaged = message
+                self.ending = Ending(produced, declared, damaged)
                 self.at_end = True
                 return
             else:
                 self.at_end = True
-                raise RuntimeError(self._why(line))
+                raise RuntimeError(self._why(message))
 
     def release(self, slot: Optional[int]) -> None:
         """The parent is done with ``slot``: the child may decode into it again."""
         if slot is not None:
             try:
-                self.process.stdin.write(b"%d\n" % slot)
-                self.process.stdin.flush()
+                ipc.send(self.process.stdin, ("R", slot))
             except BrokenPipeError:  # it has finished (the last frames, or --max-frames, were read)
                 pass
 
@@ -255,15 +237,9 @@ class _Decoder:
         self._unmap()
 
     def _unmap(self) -> None:
-        ipc.unpin(self._registered)
-        self._registered = None
-        self.slot_views = []
-        if self.memory is not None:
-            try:
-                self.memory.close()
-            except BufferError:  # a caller still holds a view: the mapping goes when that does
-                pass
-            self.memory = None
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
 
 
 class VideoReader:
@@ -388,6 +364,20 @@ class VideoReader:
                 return
             except queue.Full:
                 continue
+
+    def pump(self) -> None:
+        """Take this video's frames from the decoder into the queue, in the calling thread, until they are all
+        taken or the reader is stopped (a shared decoder's thread does this for each video in turn)."""
+        self._thread = threading.current_thread()
+        self._run()
+
+    def stop(self) -> None:
+        """Stop taking frames (a frame waiting in the full queue is dropped so the taking thread sees it)."""
+        self._stop.set()
+        try:
+            self._queue.get_nowait()
+        except queue.Empty:
+            pass
 
     def _run(self) -> None:
         try:
@@ -576,12 +566,11 @@ class VideoSequence:
             except InputError as exc:
                 self._readers.put(exc)
                 continue
-            reader._thread = threading.current_thread()
             self._current = reader
             if self._stop.is_set():  # closed meanwhile: this reader stops at once
-                reader._stop.set()
+                reader.stop()
             self._readers.put(reader)
-            reader._run()  # until this video's frames are all taken (or it is closed)
+            reader.pump()  # until this video's frames are all taken (or it is closed)
         self._readers.put(None)
 
     def next(self) -> VideoReader:
@@ -596,17 +585,10 @@ class VideoSequence:
     def close(self) -> None:
         """Stop decoding; readers not yet closed stop too."""
         self._stop.set()
-        if self._current is not None:
-            self._current._stop.set()
         if self._decoder.process.poll() is None:
-            self._decoder.process.kill()  # also ends the thread's wait for the next line
+            self._decoder.process.kill()  # also ends the thread's wait for the next message
         while self._thread.is_alive():
-            current = self._current
-            if current is not None:
-                current._stop.set()
-                try:
-                    current._queue.get_nowait()
-                except queue.Empty:
-                    pass
+            if self._current is not None:
+                self._current.stop()
             self._thread.join(timeout=0.1)
         self._decoder.close()

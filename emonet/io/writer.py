@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from fractions import Fraction
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Optional, Union
 
 import cv2
 import numpy as np
@@ -168,38 +168,3 @@ class VideoWriter:
             return None
         os.replace(self.tmp, self.path)
         return self.path
-
-
-def join_segments(parts: Sequence[tuple[int, Union[str, Path]]], path: Union[str, Path], fps: float) -> Path:
-    """Join H.264 segment files, ``(frames, path)`` in order, into one video at ``path`` (packets copied,
-    each segment placed after the frames before it; index at the front), written under a temporary name."""
-    import av
-
-    path = Path(path)
-    check_video_name(path, "h264")
-    container = _CONTAINERS[path.suffix.lower()]
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.partial{path.suffix}")
-    rate = Fraction(fps).limit_denominator(1001 * 1000)
-    try:
-        options = {"movflags": "+faststart"} if container in ("mp4", "mov") else {}
-        with av.open(str(tmp), mode="w", format=container, options=options) as out:
-            with av.open(str(parts[0][1])) as first:
-                stream = out.add_stream_from_template(first.streams.video[0])
-            before = 0  # frames in the segments already joined
-            for frames, part in parts:
-                with av.open(str(part)) as source:
-                    video = source.streams.video[0]
-                    shift = int(round(Fraction(before) / rate / video.time_base))
-                    for packet in source.demux(video):
-                        if packet.dts is None:  # the demuxer's end-of-stream marker
-                            continue
-                        packet.pts += shift
-                        packet.dts += shift
-                        packet.stream = stream
-                        out.mux(packet)
-                before += frames
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path

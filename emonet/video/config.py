@@ -40,11 +40,10 @@ class VideoConfig:
     max_frames: Optional[int] = None      # per video
     decoder: str = "auto"                 # auto, cpu or nvdec (see emonet-video --help)
     codec: str = "h264"                   # of the annotated video
-    video_workers: Optional[int] = None   # encoding processes of the annotated video (None: the writer's pick)
     landmarks: bool = False               # rows carry the 68 landmarks
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "detect_every", "max_frames", "video_workers", "max_faces"):
+        for name in ("batch_size", "detect_every", "max_frames", "max_faces"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, not {value}")

@@ -162,9 +162,9 @@ class AnnotatedSink(Sink):
 
     keeps_frames = True
 
-    def __init__(self, path: str, drawers: Drawers, codec: str = "h264", workers: Optional[int] = None) -> None:
+    def __init__(self, path: str, drawers: Drawers, codec: str = "h264") -> None:
         super().__init__()
-        self.path, self.drawers, self.codec, self.workers = path, drawers, codec, workers
+        self.path, self.drawers, self.codec = path, drawers, codec
         self.trails: dict[int, deque] = {}  # face id -> its last (valence, arousal), for the drawn panel
         self.undrawn: list[tuple[Frame, list]] = []  # finished frames (rows written), not yet handed over
         self.drawn: Optional[DrawnVideo] = None  # how the drawing and encoding went, once closed
@@ -181,9 +181,9 @@ class AnnotatedSink(Sink):
         self.draw_frames = max(run.config.batch_size, DRAW_FRAMES if self.device.type == "cuda" else 1)
         self.drawing = self.drawers.choose(run.source.expected_frames)
         banner = f"EmoNet: {UNTRAINED_LABEL}" if run.engine.untrained else None
-        height, width = run.source.frame_shape[:2]  # (the first frame's: the encoders' ring is made for it now)
+        height, width = run.source.frame_shape[:2]  # (the first frame's: the encoder's ring is made for it now)
         self.number = self.drawing.open(self.path, run.source.fps, run.engine.class_names, banner, codec=self.codec,
-                                        workers=self.workers, frame=(height, width) if height else None)
+                                        frame=(height, width) if height else None)
 
     def add(self, frames: list[Frame], faces: list[list[FaceResult]]) -> None:
         for frame, found in zip(frames, faces):
@@ -233,8 +233,8 @@ class AnnotatedSink(Sink):
 
 
 def sinks_for(csv_path: Optional[str] = None, jsonl_path: Optional[str] = None, video: Optional[str] = None,
-              drawers: Optional[Drawers] = None, landmarks: bool = False, codec: str = "h264",
-              workers: Optional[int] = None) -> list[Sink]:
+              drawers: Optional[Drawers] = None, landmarks: bool = False,
+              codec: str = "h264") -> list[Sink]:
     """The sinks of one video's rows and annotated video (those asked for)."""
     sinks: list[Sink] = []
     if csv_path or jsonl_path:
@@ -242,6 +242,6 @@ def sinks_for(csv_path: Optional[str] = None, jsonl_path: Optional[str] = None, 
     if video:
         if drawers is None:
             raise ValueError("an annotated video needs Drawers")
-        sinks.append(AnnotatedSink(video, drawers, codec, workers))
+        sinks.append(AnnotatedSink(video, drawers, codec))
     return sinks
 

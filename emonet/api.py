@@ -72,7 +72,7 @@ class Reader:
         else:
             frames = source if max_frames is None else itertools.islice(source, max_frames)
             opened = ArraySource(frames, fps=fps)
-        for item in run_videos([VideoInput(opened, progress=False)], config, lambda shape, frames: pipeline):
+        for item in run_videos([VideoInput(opened, progress=False)], config, lambda shape: pipeline):
             if isinstance(item, FrameFaces):
                 yield item
 

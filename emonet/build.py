@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -36,12 +36,9 @@ BF16_NOTE = ("bf16 keeps 8 bits of mantissa: on a well-conditioned checkpoint it
              "0.06 and 0.12 from fp32, and changed up to 9 % of expressions (docs/PERFORMANCE.md); "
              "--precision fp32 gives the released model's numbers")
 
-# Crops below which a job does not repay capturing CUDA graphs and warming up (about a second at start,
-# against a few ms saved per call): such a job runs the same network eagerly, with the same numbers.
-GRAPHS_PAY_FROM = 500
-
-# The GPU default (``--engine auto``): the fast network (fp16, channels_last, exact folding, CUDA graphs),
-# every crop in a batch of exactly AUTO_BATCH, with cuDNN's heuristic kernel choice rather than autotuning.
+# The GPU default (``--engine auto``): the fast network (fp16, channels_last, exact folding, CUDA graphs
+# captured in the background while the first crops run eagerly), every crop in a batch of exactly
+# AUTO_BATCH, with cuDNN's heuristic kernel choice rather than autotuning.
 # Reduced-precision kernels round differently from one batch shape and one kernel to the next: with buckets
 # of batch sizes, a crop's valence moved by up to 0.011 with the crops that came with it, and autotuning
 # (a choice by timing) gave two processes different numbers; one shape and one deterministic choice give a
@@ -50,36 +47,32 @@ AUTO_BATCH = 16
 
 
 def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
-                 job: Optional[int] = None) -> Engine:
-    """Configure the runtime, load the weights and build the engine the options ask for; ``job``, where
-    known, is how many images or frames the run will read, so that ``auto`` prepares only what pays."""
-    small = options.engine == "auto" and job is not None and job < GRAPHS_PAY_FROM
+                 log: Optional[Callable[[str], None]] = None) -> Engine:
+    """Configure the runtime, load the weights and build the engine the options ask for (``auto`` is ready at
+    once: what makes it faster is prepared in the background); ``log`` takes its messages (default: standard
+    error)."""
+    log = log or (lambda message: print(message, file=sys.stderr))
     precision = options.precision
     if options.deterministic and precision not in ("auto", "fp32"):
         raise DeviceError(f"--deterministic computes in fp32: drop --precision {precision}")
-    device = select_device(options.device)
+    device = select_device(options.device, log=log)
     config = engine_config(options.engine, device, deterministic=options.deterministic, precision=precision)
     # One batch shape: cuDNN's heuristics choose its kernels (autotuning chose by timing, differently from
-    # one process to the next, and ran no faster at that shape); a small job skips the autotuning too.
-    autotune = options.cudnn_benchmark and not small and not config.fixed_batch
+    # one process to the next, and ran no faster at that shape).
+    autotune = options.cudnn_benchmark and not config.fixed_batch
     runtime = RuntimeConfig(device=str(device), cudnn_benchmark=autotune, deterministic=options.deterministic,
                             precision=config.precision)
     configure(runtime)
     if precision == "fp16" and device.type != "cuda":
         raise DeviceError("--precision fp16 needs a GPU; on a CPU use fp32 (exact) or bf16")
     model = load_model(options.weights, n_expression=options.nclasses, device="cpu")
-    note = ""
-    if small and config.cuda_graphs:
-        config = replace(config, cuda_graphs=False, warmup=False)
-        note = (f" (no CUDA graphs or warm-up for a job of {job}: they would cost more than they save; the "
-                f"same numbers)")
-    engine = Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)))
-    print(f"EmoNet ({model.n_expression} classes, {options.weights}) on {describe(runtime, device)}; "
-          f"engine {engine.config.name}{note}", file=sys.stderr)
+    engine = Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)), log=log)
+    log(f"EmoNet ({model.n_expression} classes, {options.weights}) on {describe(runtime, device)}; "
+        f"engine {engine.config.name}")
     if engine.config.precision == "bf16":
-        print(f"note: {BF16_NOTE}", file=sys.stderr)
+        log(f"note: {BF16_NOTE}")
     if engine.untrained:
-        print(f"warning: {UNTRAINED_LABEL}", file=sys.stderr)
+        log(f"warning: {UNTRAINED_LABEL}")
     return engine
 
 
@@ -96,7 +89,7 @@ def engine_config(preset: str, device: torch.device, deterministic: bool = False
         preset = "fast" if gpu_auto else "eager"
     config = PRESETS[preset]
     if gpu_auto:
-        config = replace(config, fixed_batch=AUTO_BATCH)
+        config = replace(config, fixed_batch=AUTO_BATCH, background=True)
     if device.type == "cpu" and preset in ("eager", "fast"):
         # eager: exact, and 1.3x faster on the CPU. No warm-up: the CPU has nothing to autotune, and a
         # batch-16 warm-up would cost seconds.
@@ -115,7 +108,8 @@ def build_detector(options: ModelOptions, engine: Engine, video: bool = False, s
     min_score, name = options.min_score, options.detector
     kwargs = {"min_score": min_score} if min_score is not None and name != "none" else {}
     if name == "blazeface":
-        kwargs["cuda_graphs"] = engine.config.cuda_graphs  # a small job runs both networks eagerly
+        kwargs["cuda_graphs"] = engine.config.cuda_graphs
+        kwargs["background"] = engine.config.background  # its graphs too, while the first frames run eagerly
         kwargs["tiles"] = not video
         kwargs["verify"] = not video or small_faces
     return create_detector(name, engine.device, **kwargs)

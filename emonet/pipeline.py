@@ -167,23 +167,27 @@ class Pipeline:
             per_image[face.image].append(result)
         return per_image
 
-    def warmup(self, shape: tuple = (720, 1280, 3)) -> float:
+    def warmup(self, shape: tuple = (720, 1280, 3), log: Optional[Callable[[str], None]] = None) -> float:
         """On a GPU, run detection, cropping, EmoNet and landmark decoding once on a blank ``shape`` image.
 
         The engine warms itself at load; this pays the rest of the first image's one-off costs (the
         detector's autotuning, lazy loading of the decoding kernels) and reports them on one line.
-        The CPU has nothing of the kind to pay ahead, nor has an engine built without warm-up (a small
-        job). Returns the seconds spent.
+        The CPU has nothing of the kind to pay ahead, nor has an engine built without warm-up, nor one that
+        prepares in the background: then one eager pass on a blank image loads the kernels the first images
+        would wait for, while its graphs are captured. ``log`` takes the report line (default: standard
+        error). Returns the seconds spent.
         """
         if self.engine.device.type != "cuda" or not self.engine.config.warmup:
             return 0.0
         t0 = time.perf_counter()
-        self.detector.warmup(shape)
+        if not self.engine.config.background:
+            self.detector.warmup(shape)
         h, w = shape[:2]
         self([np.zeros(shape, np.uint8)], boxes=[np.array([[w / 4, h / 4, w / 2, h / 2, 1.0]])])
         torch.cuda.synchronize(self.engine.device)
         seconds = time.perf_counter() - t0
-        print(f"pipeline warm-up (detector autotuning, first kernels): {seconds:.2f} s", file=sys.stderr)
+        what = "first kernels" if self.engine.config.background else "detector autotuning, first kernels"
+        (log or (lambda message: print(message, file=sys.stderr)))(f"pipeline warm-up ({what}): {seconds:.2f} s")
         return seconds
 
 

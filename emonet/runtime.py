@@ -9,7 +9,7 @@ import os
 import random
 import sys
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -42,13 +42,16 @@ class RuntimeConfig:
         return _DTYPES[self.precision]
 
 
-def select_device(requested: Union[str, torch.device, None] = None, quiet: bool = False) -> torch.device:
-    """``cuda:0`` by default, the requested device if given; falls back to the CPU with one warning line."""
+def select_device(requested: Union[str, torch.device, None] = None, quiet: bool = False,
+                  log: Optional[Callable[[str], None]] = None) -> torch.device:
+    """``cuda:0`` by default, the requested device if given; falls back to the CPU with one warning line (to
+    ``log``, default standard error)."""
     if requested is None or str(requested) == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda:0")
         if not quiet:
-            print("warning: no CUDA GPU found; running on the CPU (much slower)", file=sys.stderr)
+            (log or (lambda message: print(message, file=sys.stderr)))(
+                "warning: no CUDA GPU found; running on the CPU (much slower)")
         return torch.device("cpu")
     try:
         device = torch.device(requested)

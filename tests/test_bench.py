@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--profile", "compile-graph:x"], "positive whole batch size"),
     (["--device", "cuda:7"], "device cuda:7"),  # no GPU, or no eighth one
     (["--device", "banana"], "unknown device 'banana'"),
+    (["--sweep", "10,15"], "a multiple of the shortest"),
 ])
 def test_bad_arguments_fail_fast_with_one_line(args, message):
     out = subprocess.run([sys.executable, "-m", "emonet.bench", "--device", "cpu", "--quick", *args],
@@ -47,6 +48,25 @@ def test_photo_benchmark_times_every_way_in_fresh_processes():
     assert len(rows) == 7 and "released demo's way" in rows[0] and "3 tight crops" in rows[4]
     assert "nan" not in text  # every process succeeded
     assert "- demo.py (BlazeFace), run 1: first result" in text
+
+
+def test_a_long_clip_is_the_short_one_repeated_with_every_frame_in_time(tmp_path):
+    import av
+    from emonet.bench.run import make_clip, repeat_clip
+    base = make_clip(tmp_path / "base.mp4", width=160, height=120, frames=15, fps=30.0)
+    long = repeat_clip(base, 3, tmp_path / "long.mp4")
+    with av.open(str(long)) as container:
+        times = [float(f.pts * f.time_base) for f in container.decode(video=0)]
+    assert len(times) == 45 and all(abs(t - i / 30) < 1e-3 for i, t in enumerate(times))
+
+
+def test_the_job_sweep_runs_every_job_in_a_fresh_process_and_reads_their_reports():
+    from emonet.bench.run import job_sweep
+    text = job_sweep("cpu", seconds=(1,), photos=(2, 3), released=False)
+    rows = [line for line in text.splitlines() if line.startswith("| video") or line.startswith("| photos")]
+    assert len(rows) == 4 and "failed" not in "".join(rows) and "–" not in "".join(rows), text
+    assert "| video, analysis | 1 s (30 frames) |" in rows[0] and "| photos | 3 (3 images) |" in rows[-1]
+    assert all(row.endswith("×** |") for row in rows)
 
 
 def test_help_names_the_command_and_shows_examples():

@@ -8,7 +8,7 @@ import torch
 
 from emonet.apps import common
 from emonet.apps.common import add_model_arguments, model_options
-from emonet.build import AUTO_BATCH, GRAPHS_PAY_FROM, build_engine, engine_config
+from emonet.build import AUTO_BATCH, build_engine, engine_config
 
 
 @pytest.fixture(autouse=True)
@@ -63,18 +63,21 @@ def test_deterministic_keeps_fp32():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("job, graphs", [(1, False), (GRAPHS_PAY_FROM, True), (None, True)])
-def test_on_a_gpu_a_small_job_gets_no_graphs_and_no_warm_up(job, graphs, capsys):
-    engine = build_engine(_args("--device", "cuda:0"), job=job)
-    assert engine.config.cuda_graphs is graphs and engine.config.warmup is graphs
+def test_on_a_gpu_auto_starts_at_once_and_captures_its_graphs_in_the_background(capsys):
+    engine = build_engine(_args("--device", "cuda:0"))
+    assert engine.config.cuda_graphs and engine.config.background and engine.warmup_ms is None
     assert engine.config.batch_sizes == (AUTO_BATCH,) and torch.backends.cudnn.benchmark is False
-    assert ("no CUDA graphs or warm-up" in capsys.readouterr().err) is not graphs
+    assert "captured in the background" in capsys.readouterr().err
+    engine(torch.zeros(3, 3, 256, 256, dtype=torch.uint8, device="cuda:0"))  # answers, graph or not
+    engine._graphs.wait()
+    assert engine.graphs_ready_s is not None
 
 
 def test_the_gpu_default_runs_one_batch_shape_and_explicit_modes_keep_their_buckets():
     gpu = torch.device("cuda", 0)  # only the configuration is built: no GPU is touched
     auto = engine_config("auto", gpu)
-    assert auto.fixed_batch == AUTO_BATCH and auto.precision == "fp16" and auto.cuda_graphs
+    assert auto.fixed_batch == AUTO_BATCH and auto.precision == "fp16" and auto.cuda_graphs and auto.background
+    assert not engine_config("fast", gpu).background  # the explicit modes warm up before the first crop
     assert engine_config("auto", gpu, precision="tf32").fixed_batch == AUTO_BATCH
     assert engine_config("fast", gpu).fixed_batch == 0 and engine_config("compiled", gpu).fixed_batch == 0
     assert engine_config("auto", gpu, deterministic=True).precision == "fp32"

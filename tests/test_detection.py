@@ -89,6 +89,20 @@ def test_gpu_detector_with_cuda_graphs_finds_what_the_cpu_finds(detector, photo)
             np.testing.assert_allclose(g, w, rtol=1e-3, atol=0.5)
 
 
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_detector_preparing_its_graphs_in_the_background_finds_the_same_faces_before_and_after(photo):
+    import torch
+    images = [torch.from_numpy(im).cuda() for im in (photo, photo[::2, ::2].copy())]
+    gpu = BlazeFaceDetector("cuda", background=True)
+    before = gpu.detect(images)  # eagerly, unless the graphs were already ready
+    gpu._graphs.wait()
+    gpu.verifier._graphs.wait()
+    after = gpu.detect(images)
+    assert [len(b) for b in before] == [1, 1]
+    for b, a in zip(before, after):
+        np.testing.assert_array_equal(b, a)
+
+
 def test_front_model_also_loads(photo):
     faces = BlazeFaceDetector("cpu", model="front").detect([photo])[0]
     assert len(faces) == 1 and iou(faces[0], FACE) > 0.6

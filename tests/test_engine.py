@@ -223,6 +223,23 @@ def test_the_gpu_default_gives_a_crop_the_same_bits_eager_or_graphed_in_any_batc
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_graphs_captured_in_the_background_answer_with_the_bits_the_first_crops_got(reference_model, monkeypatch):
+    crops = real_face_crops(11).to("cuda:0")
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # the default's heuristic kernels
+    config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, fixed_batch=4, cuda_graphs=True,
+                          background=True)
+    engine = Engine(reference_model, "cuda:0", config, log=lambda m: None)
+    assert engine.warmup_ms is None  # nothing waited for
+    first = [engine(crops) for _ in range(3)]  # while the graphs are captured (or after: either way)
+    engine._graphs.wait()
+    assert engine.graphs_ready_s is not None and not engine._graphs.preparing
+    graphed = engine(crops)
+    for got in first:
+        for key in ("expression", "valence", "arousal", "landmarks"):
+            assert torch.equal(got[key], graphed[key]), key
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("shared,streams", [(True, 0), (True, 8), (False, 0)])
 def test_graphs_sharing_memory_return_each_call_its_own_results(reference_model, shared, streams):
     # The graphs of every batch size read one input buffer and (shared) allocate from one pool: a

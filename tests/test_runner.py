@@ -170,3 +170,16 @@ def test_the_library_never_imports_the_tools_and_has_no_import_cycle():
     for m in sorted(edges):
         if m not in state:
             visit(m, [m])
+
+
+def test_the_model_loads_while_the_video_opens_and_says_so_only_once_it_is_used(face, config, capsys):
+    def unreadable():
+        raise InputError("clip.mp4: no such video file")
+
+    fresh = PipelineLoader(config)
+    with pytest.raises(InputError, match="no such video file"):
+        list(run_videos([VideoInput(unreadable, progress=False)], config, fresh))
+    assert "EmoNet (" not in capsys.readouterr().err  # input that cannot be opened: its one line, no model's
+    fresh = PipelineLoader(config)
+    run = run_video(VideoInput(ArraySource([face] * 3), progress=False), config, fresh)
+    assert run.frames == 3 and capsys.readouterr().err.count("EmoNet (") == 1

@@ -188,7 +188,7 @@ def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: l
     if dist.rank == 0:
         print(f"{plural(len(videos), 'video')}: {len(done)} skipped (outputs complete; --force redoes them), "
               f"{len(todo)} to process" + (f" on {dist.world} processes" if dist.world > 1 else ""), file=err)
-    loader = PipelineLoader(config, job=sum(counts[i] for i in share))  # the warm-up fits the whole share
+    loader = PipelineLoader(config)
     errors: dict[str, str] = {}
     errors_shortfall: dict[str, str] = {}  # videos read only in part: kept, but the run's exit code is 1
 
@@ -210,7 +210,7 @@ def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: l
         # Every process loads and warms up, then all start together: none waits on the others at the end
         # for a start-up it could have overlapped, and their frames/s add up.
         if mine:
-            loader(headers[share[0]][1] or (720, 1280, 3), sum(counts[i] for i in share))
+            loader(headers[share[0]][1] or (720, 1280, 3))
         dist.barrier()
 
     def inputs():

@@ -66,14 +66,13 @@ def run(args: argparse.Namespace) -> int:
     # (a compiled engine's first start takes minutes). Among several, it is one warning and exit code 1.
     first = read_image(paths[0]) if len(paths) == 1 else None
 
-    # The job is known before the model loads: a few photos get no CUDA graphs and no warm-up.
     model = model_options(args)
-    engine = build_engine(model, job=len(paths))
+    engine = build_engine(model)
     startup.mark("model and engine")
     detector = build_detector(model, engine)
     pipeline = Pipeline(engine, detector, refine=args.refine)
     pipeline.warmup()
-    startup.mark("detector" + (" and warm-up" if engine.config.warmup else ""))
+    startup.mark("detector" + (" and warm-up" if engine.config.warmup and not engine.config.background else ""))
     names = engine.class_names
     banner = f"EmoNet: {UNTRAINED_LABEL}" if engine.untrained else None
 
@@ -127,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr)
     print(face_timer.summary().format("crop + EmoNet per image", "face"), file=sys.stderr)
     print(startup.format(), file=sys.stderr)
+    if engine.background_note:
+        print(f"engine: {engine.background_note}", file=sys.stderr)
     return 1 if failures else 0
 
 

@@ -108,6 +108,8 @@ def report(run: VideoRun, config: VideoConfig) -> None:
         if path and path != "-":
             print(f"{what}: {path}", file=err)
     print(run.timer.summary().format(f"crop + EmoNet per batch (up to {config.batch_size} frames)", "frame"), file=err)
+    if run.engine.background_note:
+        print(f"engine: {run.engine.background_note}", file=err)
     if run.engine.untrained:
         print(f"note: {UNTRAINED_LABEL}", file=err)
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..cli import ToolParser
 
@@ -28,6 +28,7 @@ EXAMPLES = """examples:
   emonet-bench --modes released,fp16-graph,compile-streams-graph --batch-sizes 8,128,512
   emonet-bench --photo --photo-repeat 3          # one photo, from process start, every way
   emonet-bench --video clip.mp4 --video-repeat 3 # a video end to end, analysis and annotated
+  emonet-bench --sweep                           # what users wait for: clips of 10 s to 30 min, photo sets
   emonet-bench --profile fp16-graph:16           # the kernels of one mode at one batch size
   (python -m emonet.bench does the same)
 """
@@ -430,6 +431,127 @@ for path in paths:
 """
 
 
+# -- what users wait for: jobs of every length, each in a fresh process ---------------------------------
+
+def repeat_clip(source: Path, times: int, path: Path) -> Path:
+    """``source`` played ``times`` times over, into ``path`` (packets copied, timestamps shifted: no
+    re-encoding, so a long clip is made in seconds)."""
+    import av
+
+    with av.open(str(source)) as first:
+        stream_in = first.streams.video[0]
+        frames = sum(1 for _ in first.demux(stream_in)) - 1  # (the demuxer's end-of-stream marker)
+    with av.open(str(path), mode="w", options={"movflags": "+faststart"}) as out:
+        with av.open(str(source)) as first:
+            stream = out.add_stream_from_template(first.streams.video[0])
+        for k in range(times):
+            with av.open(str(source)) as part:
+                video = part.streams.video[0]
+                shift = int(round(k * frames / float(video.average_rate) / video.time_base))
+                for packet in part.demux(video):
+                    if packet.dts is None:
+                        continue
+                    packet.pts += shift
+                    packet.dts += shift
+                    packet.stream = stream
+                    out.mux(packet)
+    return path
+
+
+def _timed_tool(argv: list[str], device: str) -> dict:
+    """Run a tool in a fresh process: its wall time, and what its report says (first result, model load,
+    frames/s end to end, steady-state images/s)."""
+    import re
+
+    cmd = [sys.executable, *argv, "--weights", "random", "--device", device]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    err = proc.stderr
+    first = re.search(r"first results? ([\d.]+) s after the process started", err)
+    load = re.search(r"model(?:, engine and warm-up| and engine) ([\d.]+) s", err)
+    rate = re.search(r"([\d.]+) frames/s end to end", err)
+    images = re.search(r"per image latency.*?throughput\s+([\d.]+) images/s", err, re.S)
+    graphs = re.search(r"CUDA graphs were ready ([\d.]+) s", err)
+    return {"wall_s": wall, "first_result_s": float(first.group(1)) if first else None,
+            "model_load_s": float(load.group(1)) if load else None,
+            "frames_per_s": float(rate.group(1)) if rate else None,
+            "images_per_s": float(images.group(1)) if images else None,
+            "graphs_ready_s": float(graphs.group(1)) if graphs else None}
+
+
+def job_sweep(device: str, seconds: Sequence[int] = (10, 60, 300, 1800), photos: Sequence[int] = (1, 150, 1500),
+              released: bool = True) -> str:
+    """Clips of each length in ``seconds`` (720p, 30 frames/s, made as :func:`make_clip` makes them) analysed
+    and annotated, and photo sets of each size in ``photos``, each run in a fresh process beside a fresh
+    floor process (one that only imports torch and touches the device): wall time, first result, and the
+    ratio to floor + model load + the frames at steady speed (the speed of the longest job of its kind)."""
+    import cv2
+    import numpy as np
+    from tqdm import tqdm
+
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="emonet-sweep-") as tmp:
+        tmp = Path(tmp)
+        shortest = min(seconds, default=1)
+        base = make_clip(tmp / "base.mp4", frames=30 * shortest)  # the longer clips repeat it (and photos are its frames)
+        clips = {s: base if s == shortest else repeat_clip(base, s // shortest, tmp / f"clip{s}.mp4") for s in seconds}
+        runs = []  # (kind, job label, frames, result, floor)
+        todo = [(s, mode) for s in seconds for mode in ("analysis", "annotated")]
+        for s, mode in tqdm(todo, desc="clips", unit="run", file=sys.stderr):
+            floor = startup_floor(device).get("process_s")
+            extra = ["--no-video", "--csv", str(tmp / "rows.csv")] if mode == "analysis" else [
+                "--output", str(tmp / "annotated.mp4"), "--csv", str(tmp / "rows.csv")]
+            result = _timed_tool(["-m", "emonet.apps.video", "--video", str(clips[s]), *extra], device)
+            runs.append((f"video, {mode}", f"{s // 60} min" if s >= 60 else f"{s} s", s * 30, result, floor))
+        cap = cv2.VideoCapture(str(base))
+        ok, frame = cap.read()
+        cap.release()
+        for n in tqdm(photos, desc="photo sets", unit="run", file=sys.stderr):
+            folder = tmp / f"photos{n}"
+            folder.mkdir()
+            for i in range(n):  # one clip frame each, shifted so no two are the same file
+                cv2.imwrite(str(folder / f"{i:05d}.jpg"), np.roll(frame, 7 * i, axis=1))
+            floor = startup_floor(device).get("process_s")
+            result = _timed_tool(["-m", "emonet.apps.photo", "--image", str(folder), "--json", str(tmp / "p.json")],
+                                 device)
+            runs.append(("photos", str(n), n, result, floor))
+        released_rate = released_way(clips[shortest], device, None) if released and seconds else None
+
+    lines += ["| job | run | wall (s) | floor (s) | first result (s; after the floor) | model load (s) | "
+              "frames at steady speed (s) | wall / (floor + load + frames) |", "|---|---|---|---|---|---|---|---|"]
+    steady: dict = {}
+    for kind, label, n, result, floor in runs:  # the speed of the longest job of each kind
+        rate = result.get("images_per_s") if kind == "photos" else result.get("frames_per_s")
+        if rate:
+            steady[kind] = rate
+    for kind, label, n, result, floor in runs:
+        if "error" in result:
+            lines.append(f"| {kind} | {label} | failed: {result['error']} | | | | | |")
+            continue
+        frames_s = n / steady[kind] if steady.get(kind) else None
+        ideal = (floor or 0) + (result["model_load_s"] or 0) + (frames_s or 0)
+        first = result["first_result_s"]
+        lines.append(f"| {kind} | {label} ({n} {'images' if kind == 'photos' else 'frames'}) | {result['wall_s']:.2f} | "
+                     f"{_fmt(floor)} | {_fmt(first)} ({_fmt(first - floor if first is not None and floor else None, '+.2f')}) | "
+                     f"{_fmt(result['model_load_s'])} | {_fmt(frames_s)} | **{result['wall_s'] / ideal:.2f}×** |")
+    lines += ["", "Steady speed (the longest job of its kind): "
+              + ", ".join(f"{k} {v:.0f} {'images' if k == 'photos' else 'frames'}/s" for k, v in steady.items()) + "."]
+    ready = [r["graphs_ready_s"] for _, _, _, r, _ in runs if r.get("graphs_ready_s") is not None]
+    if ready:
+        lines.append(f"The engine's CUDA graphs were ready {min(ready):.2f}–{max(ready):.2f} s after the model "
+                     f"loaded (captured in the background; the first frames ran eagerly meanwhile).")
+    if released_rate:
+        n = shortest * 30
+        lines.append(f"The released way (decode, detect, crop, batch-1 fp32 EmoNet, frame by frame) on the "
+                     f"{shortest}-s clip: {released_rate:.1f} frames/s, {n / released_rate:.1f} s for its frames "
+                     f"after the model loaded.")
+    return "\n".join(lines)
+
+
+
 def photo_benchmark(photo: Optional[str], device: str, repeat: int = 2, crops: int = 149) -> str:
     """One photo, and ``crops`` tight face crops, from process start to exit: the released demo's way
     against the photo tool's ways, fresh processes alternating, ``repeat`` rounds, and the floor of a
@@ -643,6 +765,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "process start to exit, the released demo's way against demo.py, fresh processes")
     parser.add_argument("--photo-repeat", default=2, type=int, metavar="N",
                         help="with --photo: rounds, each running every way once (default 2)")
+    parser.add_argument("--sweep", nargs="?", const="10,60,300,1800", default=None, metavar="SECONDS",
+                        help="what users wait for: clips of these lengths (default 10,60,300,1800 s), analysed and "
+                             "annotated, and photo sets of 1, 150 and 1,500, each in a fresh process beside the "
+                             "floor process: wall time, first result, and the ratio to floor + model load + frames "
+                             "at steady speed")
+    parser.add_argument("--sweep-photos", default="1,150,1500", metavar="N[,N...]",
+                        help="photo set sizes of --sweep (default 1,150,1500)")
     parser.add_argument("--warp", action="store_true",
                         help="instead: time cutting face crops with OpenCV against grid_sample on the device")
     parser.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
@@ -667,6 +796,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     # --warp, --video and --profile make one Markdown report: shown, and saved to --markdown.
     if args.warp:
         _report(warp_benchmark(args.device), args.markdown)
+        return 0
+    if args.sweep is not None:
+        try:
+            lengths = [int(v) for v in args.sweep.split(",") if v]
+            sets = [int(v) for v in args.sweep_photos.split(",") if v]
+        except ValueError:
+            parser.error(f"--sweep takes whole seconds and --sweep-photos whole counts, as 10,60 (got {args.sweep!r}, "
+                         f"{args.sweep_photos!r})")
+        if not lengths or min(lengths) < 1 or any(v % min(lengths) for v in lengths) or any(v < 1 for v in sets):
+            parser.error("--sweep lengths are whole seconds, each a multiple of the shortest (the clips repeat it); "
+                         "photo sets at least 1")
+        _report(job_sweep(args.device, lengths, sets), args.markdown)
         return 0
     if args.photo is not None:
         if args.photo:

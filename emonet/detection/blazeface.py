@@ -15,6 +15,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
+from ..engine.graphs import Graphs, capture_graph
 from .base import DetectorError, FaceDetector
 
 WEIGHTS = Path(__file__).resolve().parent / "blazeface.pth"
@@ -214,7 +215,9 @@ class BlazeFaceDetector(FaceDetector):
     def __init__(self, device: Union[str, torch.device] = "cpu", model: str = "back",
                  weights: Union[str, Path, None] = None, min_score: Optional[float] = None,
                  cuda_graphs: bool = True, tiles: bool = True, small_tiles: Optional[bool] = None,
-                 verify: Optional[bool] = None) -> None:
+                 verify: Optional[bool] = None, background: bool = False) -> None:
+        """``background``: on a GPU, its CUDA graphs are captured in a thread of their own while the first
+        images run the network eagerly (the same kernels: the same detections), not on first use."""
         BlazeFace = _blazeface_class()
         if model not in ("back", "front"):
             raise DetectorError(f"BlazeFace model must be 'back' or 'front', not {model!r}")
@@ -244,9 +247,11 @@ class BlazeFaceDetector(FaceDetector):
                                            tiles=False, verify=False) if self.verify else None)
         if self.verifier is not None:
             self.verifier.max_batch = 32  # a frame's candidates at every zoom, in one call
-        # A job of a few images does not repay capturing graphs: they run eagerly.
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
-        self._graphs: dict[int, tuple] = {}  # padded batch -> (CUDA graph, static input, static outputs)
+        # (padded batch, input dtype) -> (CUDA graph, static input, static outputs)
+        self._graphs = Graphs(self.device, self._capture) if self.cuda_graphs else None
+        if background and self._graphs is not None:
+            self.prepare()
 
     def letterbox(self, images: Sequence[Union[np.ndarray, torch.Tensor]]) -> tuple[torch.Tensor, list[tuple[float, float, float]]]:
         """Each whole image scaled to fit the network's square input and padded with zeros (centred).
@@ -410,23 +415,25 @@ class BlazeFaceDetector(FaceDetector):
             results.append(out[np.argsort(-out[:, 4])])
         return results
 
+    def prepare(self) -> None:
+        """Capture the graph of every padded batch size, the close look's too, in the background."""
+        dtype = next(self.net.parameters()).dtype
+        self._graphs.prepare([(1 << k, dtype) for k in range(self.max_batch.bit_length())][::-1])
+        if self.verifier is not None:
+            self.verifier.prepare()
+
+    def _capture(self, key: tuple, stream: "torch.cuda.Stream", error_mode: str) -> tuple:
+        batch, dtype = key
+        static_in = torch.zeros(batch, 3, self.size, self.size, device=self.device, dtype=dtype)
+        graph, outputs = capture_graph(lambda: self.net(static_in), stream, error_mode)
+        return graph, static_in, outputs
+
     def _forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The network; on a GPU as a CUDA graph per padded batch size (eager, it is ~150 tiny launches)."""
-        if not self.cuda_graphs:
+        entry = self._graphs.get((x.shape[0], x.dtype)) if self._graphs is not None else None
+        if entry is None:  # no graphs, or this one's is being captured in the background: the same network
             return self.net(x)
-        if x.shape[0] not in self._graphs:
-            static_in = x.clone()
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):  # cuDNN autotuning happens here, outside the capture
-                    self.net(static_in)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outputs = self.net(static_in)
-            self._graphs[x.shape[0]] = (graph, static_in, outputs)
-        graph, static_in, (boxes, scores) = self._graphs[x.shape[0]]
+        graph, static_in, (boxes, scores) = entry
         static_in.copy_(x)
         graph.replay()
         return boxes.clone(), scores.clone()  # the next replay overwrites the static outputs

@@ -27,6 +27,9 @@ class EngineConfig:
     autotune_streamed: bool = False         # True: cudnn.benchmark decides for the streamed batches too
     share_graph_pool: bool = True           # CUDA graphs: one memory pool for all, captured largest first
     warmup: bool = True
+    # CUDA graphs captured in a thread of their own while the first crops run the same network eagerly (the
+    # same kernels: the same numbers), rather than by a warm-up that the first results wait for.
+    background: bool = False
     tune_kernels: bool = False              # compile: tune the whole-model graph's Triton kernels on the device
     heatmaps: bool = False                  # also return the 68 heatmaps (N, 68, 64, 64); landmarks always
     precompile: bool = True                 # compile: keep Dynamo's tracing on disk too (emonet.precompile)

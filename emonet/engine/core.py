@@ -25,6 +25,7 @@ from ..runtime import RuntimeConfig
 from . import precompile
 from .compile import compiler
 from .config import EngineConfig
+from .graphs import Graphs, capture_graph
 from .forward import StreamedForward, no_cudnn_autotuning, packed_forward, packed_forward_heatmaps, \
     split_outputs
 from .transforms import engine_net, fold_batchnorm, fold_stack_tails, fuse_stack_ends, pad_stem_input, \
@@ -40,6 +41,7 @@ class Engine:
     def __init__(self, model: EmoNet, device: torch.device | str, config: EngineConfig = EngineConfig(),
                  log=None) -> None:
         self.device = torch.device(device)
+        self._log = log or (lambda msg: print(msg, file=sys.stderr))
         if config.fixed_batch:
             config = replace(config, batch_sizes=(config.fixed_batch,))
         self.config = self._available(config)
@@ -48,7 +50,6 @@ class Engine:
         self.untrained = model.untrained
         self.weights_source = model.weights_source
         self.warmup_ms: Optional[float] = None
-        self._log = log or (lambda msg: print(msg, file=sys.stderr))
         self._dtype = RuntimeConfig(precision=self.config.precision).dtype
 
         net = engine_net(model)  # the one copy: the transforms below change it in place
@@ -77,11 +78,13 @@ class Engine:
         self._streamed = (StreamedForward(net, self.device, wrap, self.config.heatmaps) if self.config.streams
                           else None)
         self._precompiled = [p for p in pieces if isinstance(p, precompile.Precompiled)]
-        self._graphs: Dict[tuple, tuple] = {}  # (batch size, input dtype) -> (graph, static input, static outputs)
+        # (batch size, input dtype) -> (graph, static input, static outputs)
+        self._graphs = Graphs(self.device, self._capture) if self.config.cuda_graphs else None
         self._static_inputs: Dict[torch.dtype, torch.Tensor] = {}
         self._graph_pool = None
-        self._capture_stream: Optional[torch.cuda.Stream] = None
-        if self.config.warmup:
+        if self.config.warmup and self.config.background and self._graphs is not None and not self._compiled:
+            self.prepare()
+        elif self.config.warmup:
             self.warmup()
 
     # -- configuration -------------------------------------------------------------------------
@@ -102,7 +105,7 @@ class Engine:
             changes["precision"] = "fp16"
             notes.append("this GPU has no bf16; using fp16")
         if notes:
-            print(f"engine: {'; '.join(notes)}", file=sys.stderr)
+            self._log(f"engine: {'; '.join(notes)}")
         return replace(config, **changes)
 
     def _mark_batch(self, args: tuple) -> None:
@@ -138,31 +141,21 @@ class Engine:
         with torch.inference_mode():
             return self._split(self._call_model(self._prepare(crops)))
 
-    def _capture(self, batch: int, dtype_in: torch.dtype) -> tuple:
+    def _capture(self, key: tuple, stream: "torch.cuda.Stream", error_mode: str) -> tuple:
         # Every graph reads the front of one input buffer, and with share_graph_pool allocates from one
         # memory pool: they replay one at a time, on one stream, and each result is copied out right
         # after its replay, so a graph may reuse what another's intermediates used. Captured largest
         # first (warmup), the smaller graphs fit in the largest one's memory (docs/PERFORMANCE.md).
+        # Autotuning and compilation happen in capture_graph's runs before the capture.
+        batch, dtype_in = key
         if dtype_in not in self._static_inputs:
             self._static_inputs[dtype_in] = torch.zeros(max(self.config.batch_sizes), 3, 256, 256,
                                                         device=self.device, dtype=dtype_in)
         static_in = self._static_inputs[dtype_in][:batch]
         if self._graph_pool is None and self.config.share_graph_pool:
             self._graph_pool = torch.cuda.graph_pool_handle()
-        # A high-priority capture stream: with side streams, the critical path gets the SMs first.
-        # One for every graph: cuBLAS keeps a workspace per stream it runs on, and a stream per batch
-        # size would hold one per batch size.
-        if self._capture_stream is None:
-            self._capture_stream = torch.cuda.Stream(self.device, priority=-1)
-        stream = self._capture_stream
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(2):  # autotuning and compilation happen here, outside the capture
-                self._call_model(self._prepare(static_in))
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool, stream=stream), torch.inference_mode():
-            static_out = self._call_model(self._prepare(static_in))
+        graph, static_out = capture_graph(lambda: self._call_model(self._prepare(static_in)), stream, error_mode,
+                                          self._graph_pool)
         return graph, static_in, static_out
 
     def _split(self, flat: torch.Tensor) -> Dict[str, torch.Tensor]:
@@ -172,14 +165,12 @@ class Engine:
         """Pad to the next configured batch size: graphs and compiled code are specialised to shapes."""
         n = crops.shape[0]
         batch = min(b for b in self.config.batch_sizes if b >= n)
-        if not self.config.cuda_graphs:
+        entry = self._graphs.get((batch, crops.dtype)) if self._graphs is not None else None
+        if entry is None:  # no graphs, or this one's is being captured in the background: the same network
             if n < batch:
                 crops = torch.cat([crops, crops[-1:].expand(batch - n, -1, -1, -1)])
             return {k: v[:n] for k, v in self._run_eager(crops).items()}
-        key = (batch, crops.dtype)
-        if key not in self._graphs:
-            self._graphs[key] = self._capture(batch, crops.dtype)
-        graph, static_in, static_out = self._graphs[key]
+        graph, static_in, static_out = entry
         static_in[:n].copy_(crops, non_blocking=True)  # rows past n keep old data: BN is per-sample
         graph.replay()
         return self._split(static_out[:n].clone())
@@ -199,6 +190,29 @@ class Engine:
         if len(outs) == 1:
             return outs[0]
         return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
+
+    def prepare(self, dtype_in: torch.dtype = torch.uint8) -> None:
+        """Capture every configured batch size's graph in the background, largest first (see _capture); crops
+        run eagerly until theirs is ready."""
+        self._graphs.prepare([(b, dtype_in) for b in sorted(self.config.batch_sizes, reverse=True)])
+        self._log(f"engine {self.config.name}: its CUDA graphs (batch sizes {', '.join(map(str, self.config.batch_sizes))}) "
+                  f"are captured in the background; crops before them run the same network eagerly")
+
+    @property
+    def graphs_ready_s(self) -> Optional[float]:
+        """Seconds from :meth:`prepare` until every graph was ready (None: not prepared, or not yet)."""
+        return self._graphs.ready_s if self._graphs is not None else None
+
+    @property
+    def background_note(self) -> Optional[str]:
+        """For a report: when the graphs captured in the background were ready (None: not prepared so)."""
+        graphs = self._graphs
+        if not self.config.background or graphs is None or graphs.ready_s is None and not graphs.preparing:
+            return None
+        if graphs.ready_s is None:
+            return "its CUDA graphs were still being captured: every crop ran eagerly (the same numbers)"
+        return (f"its CUDA graphs were ready {graphs.ready_s:.2f} s after load, captured in the background "
+                f"(crops before them ran eagerly: the same numbers)")
 
     def warmup(self, dtype_in: torch.dtype = torch.uint8) -> float:
         """Run every configured batch size once so real frames do not pay autotuning; returns ms."""

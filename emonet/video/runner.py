@@ -13,6 +13,7 @@ from __future__ import annotations
 import resource
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,27 +34,59 @@ from .sources import Source
 
 
 class PipelineLoader:
-    """The engine and detector a configuration asks for, in one :class:`~emonet.pipeline.Pipeline`, built and
-    warmed up on the first call (so bad input fails before the model loads) and reused after.
+    """The engine and detector a configuration asks for, in one :class:`~emonet.pipeline.Pipeline`, built (and
+    warmed up, where the engine does not prepare in the background) on the first call and reused after.
 
-    ``job`` is the whole run's frame count where known (a collection's); otherwise the first call's
-    ``frames`` (one video's) sizes the warm-up: a short clip does not repay CUDA graphs.
+    :meth:`start` builds it in a thread while the first video opens; its messages are held until the first
+    call, so input that cannot be opened is one line, without the model's.
     """
 
-    def __init__(self, config: VideoConfig, job: Optional[int] = None) -> None:
+    def __init__(self, config: VideoConfig) -> None:
         self.config = config
-        self.job = job
         self.pipeline: Optional[Pipeline] = None
+        self._thread: Optional[threading.Thread] = None
+        self._messages: list[str] = []
+        self._error: Optional[BaseException] = None
 
-    def __call__(self, shape: tuple = (720, 1280, 3), frames: Optional[int] = None) -> Pipeline:
+    def _build(self, log: Callable[[str], None], shape: tuple = (720, 1280, 3)) -> None:
+        config = self.config
+        batch = config.batch_size
+        buckets = tuple(b for b in sorted({1, 4, 16, 64, batch, 4 * batch}) if b <= 4 * batch)
+        engine = build_engine(config.model, batch_sizes=buckets, log=log)
+        detector = build_detector(config.model, engine, video=True, small_faces=config.small_faces)
+        self.pipeline = Pipeline(engine, detector, max_faces=config.max_faces)
+        self.pipeline.warmup(shape, log)
+
+    def start(self) -> None:
+        """Start building the pipeline in a thread of its own (once)."""
+        if self.pipeline is None and self._thread is None:
+            def build() -> None:
+                try:
+                    self._build(self._messages.append)
+                except BaseException as exc:  # raised by the first call, where the caller is
+                    self._error = exc
+
+            self._thread = threading.Thread(target=build, name="emonet-load", daemon=True)
+            self._thread.start()
+
+    def settle(self) -> None:
+        """Let a build started and never asked for finish, quietly (the run ended before its first video
+        opened): no thread is left loading while the process exits."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+            self._messages.clear()
+
+    def __call__(self, shape: tuple = (720, 1280, 3)) -> Pipeline:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+            for message in self._messages:
+                print(message, file=sys.stderr)
+            if self._error is not None:
+                raise self._error
         if self.pipeline is None:
-            config = self.config
-            batch = config.batch_size
-            buckets = tuple(b for b in sorted({1, 4, 16, 64, batch, 4 * batch}) if b <= 4 * batch)
-            engine = build_engine(config.model, batch_sizes=buckets, job=self.job if self.job is not None else frames)
-            detector = build_detector(config.model, engine, video=True, small_faces=config.small_faces)
-            self.pipeline = Pipeline(engine, detector, max_faces=config.max_faces)
-            self.pipeline.warmup(shape)
+            self._build(lambda message: print(message, file=sys.stderr), shape)
         return self.pipeline
 
 
@@ -264,12 +297,12 @@ def _last_chunk(run: VideoRun, last: PendingChunk) -> Iterator[Union[FrameFaces,
 
 
 def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
-               loader: Optional[Callable[[tuple, Optional[int]], Pipeline]] = None,
+               loader: Optional[Callable[[tuple], Pipeline]] = None,
                stop: Optional[StopToken] = None, startup: Optional[StartupClock] = None
                ) -> Iterator[Union[FrameFaces, VideoRun]]:
     """Run every video through the pipeline, one after the other; yield each frame with its faces as its
     chunk's results are read (after the sinks have them), and each video's :class:`VideoRun` once it is
-    closed. ``loader(frame_shape, frames)`` gives the pipeline, built on first use (default: a
+    closed. ``loader(frame_shape)`` gives the pipeline, built on first use (default: a
     :class:`PipelineLoader` of ``config``); ``stop`` (installed by
     the caller for Ctrl-C and SIGTERM) ends the run cleanly: every finished frame is kept in every output,
     and the video being read ends as interrupted, the last one; ``startup``, where given, is marked as the
@@ -286,6 +319,8 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
     previous: Optional[tuple[VideoRun, PendingChunk]] = None  # the last video's final chunk, not yet read
     try:
         for item in videos:
+            if isinstance(loader, PipelineLoader):
+                loader.start()  # (once) the model loads while the video opens
             source = item.source() if callable(item.source) else item.source
             try:
                 for sink in item.sinks:
@@ -293,7 +328,7 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
                 if startup is not None:
                     startup.mark("opening the video")
                 height, width, _ = source.frame_shape
-                pipeline = loader((height or 720, width or 1280, 3), source.expected_frames)  # cameras may not say
+                pipeline = loader((height or 720, width or 1280, 3))  # cameras may not say
                 if startup is not None:
                     startup.mark("model, engine and warm-up")
                 if source.device is not None:
@@ -349,13 +384,15 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
             raise
         yield last
     finally:
+        if isinstance(loader, PipelineLoader):
+            loader.settle()
         torch.set_num_threads(threads)
         for running in (previous[0] if previous else None, current):  # the caller stopped iterating
             if running is not None and not running.closed:
                 running.close(interrupted=True)
 
 
-def run_video(video: VideoInput, config: VideoConfig, loader: Optional[Callable[[tuple, Optional[int]], Pipeline]] = None,
+def run_video(video: VideoInput, config: VideoConfig, loader: Optional[Callable[[tuple], Pipeline]] = None,
               stop: Optional[StopToken] = None, startup: Optional[StartupClock] = None) -> VideoRun:
     """One video through :func:`run_videos`, its frames given only to its sinks; its :class:`VideoRun`
     (interrupted when stopped, even at once)."""

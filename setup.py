@@ -13,7 +13,7 @@ setup(
     packages=find_packages(include=["emonet", "emonet.*"]),
     # The BlazeFace detector's weights (1 MB, Apache-2.0) ship with the package, with their notices.
     package_data={"emonet.detection": ["blazeface.pth", "NOTICE.blazeface", "LICENSE.blazeface"],
-                  "emonet.engine": ["astronaut.jpg"]},
+                  "emonet.engine": ["astronaut.jpg"], "emonet.serve": ["static/*.html"]},
     install_requires=[
         "torch>=2.1",
         "opencv-python>=4.5",
@@ -25,12 +25,21 @@ setup(
     ],
     # scikit-image, scikit-learn: their sample photos (faces and not) are the detector tests' real photos.
     # PyNvVideoCodec: NVIDIA's decoder (NVDEC) for annotated videos, on NVIDIA GPUs.
-    extras_require={"test": ["pytest>=7", "scikit-image>=0.21", "scikit-learn>=1.0"], "nvdec": ["PyNvVideoCodec>=2.0"]},
+    # serve: the HTTP/WebSocket service (FastAPI with uvicorn, the ecosystem's convention; python-multipart
+    # reads uploads; websockets speaks WebSocket for uvicorn; prometheus-client writes /metrics).
+    # test: also a real browser's driver (Selenium, for Debian's Chromium) and a WebSocket client.
+    extras_require={"serve": ["fastapi>=0.110", "uvicorn>=0.29", "python-multipart>=0.0.9", "websockets>=12",
+                              "prometheus-client>=0.20"],
+                    "test": ["pytest>=7", "scikit-image>=0.21", "scikit-learn>=1.0", "fastapi>=0.110", "uvicorn>=0.29",
+                             "python-multipart>=0.0.9", "websockets>=12", "prometheus-client>=0.20", "httpx>=0.27",
+                             "selenium>=4.20"],
+                    "nvdec": ["PyNvVideoCodec>=2.0"]},
     entry_points={"console_scripts": [
         "emonet-photo = emonet.apps.photo:main",
         "emonet-video = emonet.apps.video:main",
         "emonet-eval = emonet.apps.evaluate:main",
         "emonet-bench = emonet.bench.run:main",
+        "emonet-serve = emonet.apps.serve:main",
     ]},
     license="MIT (code); the released EmoNet weights are CC BY-NC-ND 4.0",
 )

@@ -1,0 +1,103 @@
+"""``emonet-serve``: the model loaded once and kept warm, behind HTTP, a WebSocket stream and a browser page."""
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+from typing import Optional
+
+from ..build import build_detector, build_engine
+from ..cli import ToolParser
+from ..errors import InputError
+from ..pipeline import Pipeline
+from .common import add_model_arguments, model_options, run_tool
+
+EXAMPLES = """examples:
+  %(prog)s --weights random                      # http://127.0.0.1:8000/ : the webcam page
+  %(prog)s --host 0.0.0.0 --port 8080 --max-streams 32
+  curl -F image=@photo.jpg http://127.0.0.1:8000/v1/analyze
+  curl http://127.0.0.1:8000/health ; curl http://127.0.0.1:8000/metrics
+
+endpoints:
+  GET  /             the browser page: webcam -> /v1/stream -> boxes, labels, circumplex, latency; CSV
+  GET  /health       200 with what it runs, once the model is loaded
+  POST /v1/analyze   multipart field "image" (JPEG or PNG) -> {"faces": [...]} as emonet-photo's JSON
+  WS   /v1/stream    binary JPEG frames in; per frame {"frame", "timestamp", "faces", "latency_ms", ...} out
+  GET  /metrics      Prometheus text: requests, streams, batch sizes, latencies
+"""
+
+
+def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> argparse.Namespace:
+    """The service's command line."""
+    parser = ToolParser(
+        prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve EmoNet over HTTP and WebSocket: the model loads once and stays warm; every request "
+                    "and stream goes through one dynamic batcher on the GPU. Needs pip install \"emonet[serve]\".")
+    net = parser.add_argument_group("network")
+    net.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for every one)")
+    net.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    limits = parser.add_argument_group("limits and batching")
+    limits.add_argument("--max-streams", type=int, default=64, metavar="N",
+                        help="WebSocket streams open at once; the next is refused with a message (default: 64)")
+    limits.add_argument("--max-image-mb", type=float, default=20.0, metavar="MB",
+                        help="largest encoded image or frame taken (default: 20)")
+    limits.add_argument("--max-batch", type=int, default=32, metavar="N", help="images per GPU batch (default: 32)")
+    limits.add_argument("--max-delay-ms", type=float, default=4.0, metavar="MS",
+                        help="how long a batch waits for more images after its first (default: 4)")
+    limits.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=True,
+                        help="temporal smoothing per face in streams (default: on)")
+    add_model_arguments(parser)
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be between 0 and 65535, not {args.port}")
+    for name in ("max_streams", "max_batch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    if args.max_image_mb <= 0 or args.max_delay_ms < 0:
+        parser.error("--max-image-mb must be positive and --max-delay-ms 0 or more")
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model, then serve until Ctrl-C or SIGTERM."""
+    try:
+        import uvicorn
+
+        from ..serve.app import ServeConfig, create_app
+    except ImportError as exc:
+        raise InputError(f"emonet-serve needs its extra: pip install \"emonet[serve]\" ({exc.name} is missing)") from None
+    with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as probe:
+        try:  # before the model loads: a port in use is one line, at once
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((args.host, args.port))
+        except OSError as exc:
+            raise InputError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); choose another --port "
+                             f"or --host") from None
+    options = model_options(args)
+    engine = build_engine(options)
+    pipeline = Pipeline(engine, build_detector(options, engine))
+    pipeline.warmup()
+    config = ServeConfig(max_streams=args.max_streams, max_image_bytes=int(args.max_image_mb * (1 << 20)),
+                         max_batch=args.max_batch, max_delay_ms=args.max_delay_ms, smooth=args.smooth)
+    app = create_app(pipeline, config)
+    print(f"emonet-serve: http://{args.host}:{args.port}/ (the page), /v1/analyze, /v1/stream, /health, /metrics; "
+          f"Ctrl-C stops it", file=sys.stderr, flush=True)
+    # uvicorn stops gracefully on Ctrl-C or SIGTERM, then raises the signal again for the handler it found:
+    # with these, that ends here, and the service says it stopped (exit 0) rather than dying of the signal.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    print("emonet-serve: stopped", file=sys.stderr)
+    return 0
+
+
+def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
+    """``emonet-serve``."""
+    args = parse_args(argv, prog)
+    return run_tool(lambda: run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The HTTP and WebSocket service: ``create_app(pipeline, config)`` gives a FastAPI app.
+
+- ``GET /health``: 200 and what it runs (it answers once the model is loaded: the app is made after);
+- ``POST /v1/analyze``: a multipart field ``image`` (JPEG or PNG) -> ``{"faces": [...]}``, each face as the
+  photo tool's JSON has it;
+- ``WS /v1/stream``: encoded frames in (one binary message each), one JSON message out per frame, in order,
+  with tracking and smoothing per connection and the first frame's latency against the steady state;
+- ``GET /metrics``: Prometheus text (requests, streams, batch sizes, latencies);
+- ``GET /``: the browser page (webcam -> stream -> drawn results).
+
+Every image goes through one :class:`~emonet.serve.batcher.Batcher`. Nothing is kept between requests, and a
+stream's state lives on its connection, so replicas scale behind any load balancer.
+"""
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import resources
+from typing import Optional
+
+import cv2
+import numpy as np
+from fastapi import FastAPI, File, HTTPException, UploadFile, WebSocket, WebSocketDisconnect
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..pipeline import Pipeline
+from ..provenance import provenance
+from ..results import face_record
+from .batcher import Batcher, StreamState
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What the service allows and how it batches."""
+
+    max_streams: int = 64                 # streams open at once; the next is refused with a message
+    max_image_bytes: int = 20 << 20       # an encoded image or frame, at most
+    max_pixels: int = 40_000_000          # a decoded image, at most (a 40-megapixel photo)
+    max_batch: int = 32                   # images per GPU batch
+    max_delay_ms: float = 4.0             # how long the batcher waits for more images after the first
+    smooth: bool = True                   # streams: temporal smoothing per face (spec §6)
+
+
+class BadImage(ValueError):
+    """An image the service cannot read: said to the client, never a crash."""
+
+
+def decode_image(data: bytes, config: ServeConfig) -> np.ndarray:
+    """RGB ``(H, W, 3)`` uint8 of JPEG or PNG bytes; :class:`BadImage` saying what is wrong."""
+    if len(data) > config.max_image_bytes:
+        raise BadImage(f"the image is {len(data)} bytes; at most {config.max_image_bytes} are taken")
+    if not (data.startswith(b"\xff\xd8\xff") or data.startswith(b"\x89PNG\r\n\x1a\n")):
+        raise BadImage("not a JPEG or PNG image")
+    header = np.frombuffer(data, np.uint8)
+    bgr = cv2.imdecode(header, cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise BadImage("the image could not be decoded (truncated or corrupt)")
+    if bgr.shape[0] * bgr.shape[1] > config.max_pixels:
+        raise BadImage(f"the image is {bgr.shape[1]}x{bgr.shape[0]}; at most {config.max_pixels} pixels are taken")
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+class Metrics:
+    """The service's figures, in a registry of its own (never the process-wide one)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("emonet_requests", "HTTP analyze requests by outcome", ["status"], registry=r)
+        self.streams = Gauge("emonet_streams_open", "WebSocket streams open now", registry=r)
+        self.streams_refused = Counter("emonet_streams_refused", "streams refused: at the limit", registry=r)
+        self.frames = Counter("emonet_stream_frames", "stream frames answered by outcome", ["status"], registry=r)
+        self.batch_images = Histogram("emonet_batch_images", "images per GPU batch", registry=r,
+                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+        self.batch_faces = Histogram("emonet_batch_faces", "faces (crops) per GPU batch", registry=r,
+                                     buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128))
+        self.batch_seconds = Histogram("emonet_batch_seconds", "seconds per GPU batch", registry=r,
+                                       buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+        self.latency = Histogram("emonet_latency_seconds", "receive-to-send seconds", ["endpoint"], registry=r,
+                                 buckets=(.0025, .005, .01, .02, .03, .05, .1, .25, .5, 1, 2.5, 5))
+
+    def batch(self, images: int, faces: int, seconds: float) -> None:
+        """Record one batch (called by the batcher's thread)."""
+        self.batch_images.observe(images)
+        self.batch_faces.observe(faces)
+        self.batch_seconds.observe(seconds)
+
+
+def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastAPI:
+    """The service over a loaded ``pipeline`` (it owns it from now: one thread runs it)."""
+    engine = pipeline.engine
+    names = engine.class_names
+    metrics = Metrics()
+    about = {**provenance(engine), "untrained": engine.untrained, "detector": pipeline.detector.name}
+    state = {"batcher": None, "streams": 0}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state["batcher"] = Batcher(pipeline, config.max_batch, config.max_delay_ms / 1e3, on_batch=metrics.batch)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state["batcher"].close)
+
+    app = FastAPI(title="emonet", summary="EmoNet: expression, valence, arousal and landmarks of faces",
+                  lifespan=lifespan)
+
+    async def analyse(image: np.ndarray, stream: Optional[StreamState] = None) -> list[dict]:
+        faces = await asyncio.wrap_future(state["batcher"].submit(image, stream))
+        return [face_record(face, names) for face in faces]
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ready", **about, "streams": state["streams"], "max_streams": config.max_streams}
+
+    @app.post("/v1/analyze")
+    async def analyze(image: UploadFile = File(...)) -> JSONResponse:
+        t0 = time.perf_counter()
+        data = await image.read(config.max_image_bytes + 1)
+        try:
+            rgb = await asyncio.to_thread(decode_image, data, config)
+        except BadImage as exc:
+            status = 413 if "at most" in str(exc) else 400
+            metrics.requests.labels(str(status)).inc()
+            raise HTTPException(status, f"{image.filename or 'image'}: {exc}") from None
+        faces = await analyse(rgb)
+        metrics.requests.labels("200").inc()
+        metrics.latency.labels("analyze").observe(time.perf_counter() - t0)
+        return JSONResponse({"faces": faces, "width": rgb.shape[1], "height": rgb.shape[0],
+                             "untrained": engine.untrained})
+
+    @app.websocket("/v1/stream")
+    async def stream(socket: WebSocket) -> None:
+        await socket.accept()
+        if state["streams"] >= config.max_streams:
+            metrics.streams_refused.inc()
+            await socket.send_json({"error": f"the server is at its limit of {config.max_streams} streams; "
+                                             f"try again later"})
+            await socket.close(code=1013)
+            return
+        state["streams"] += 1
+        metrics.streams.inc()
+        track = StreamState(smooth=config.smooth)
+        start, index, first, steady = time.perf_counter(), 0, None, []
+        try:
+            while True:
+                message = await socket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                received = time.perf_counter()
+                data = message.get("bytes")
+                reply: dict = {"frame": index, "timestamp": round(received - start, 6)}
+                try:
+                    if data is None:
+                        raise BadImage("send each frame as one binary message (JPEG or PNG bytes)")
+                    rgb = await asyncio.to_thread(decode_image, data, config)
+                    reply["faces"] = await analyse(rgb, track)
+                    reply.update(width=rgb.shape[1], height=rgb.shape[0])
+                    metrics.frames.labels("ok").inc()
+                except BadImage as exc:
+                    reply["error"] = str(exc)
+                    metrics.frames.labels("bad").inc()
+                latency = (time.perf_counter() - received) * 1e3
+                if first is None:
+                    first = latency
+                else:
+                    steady.append(latency)
+                reply.update(latency_ms=round(latency, 3), first_latency_ms=round(first, 3),
+                             steady_latency_ms=round(statistics.median(steady[-300:]), 3) if steady else None)
+                metrics.latency.labels("stream").observe(latency / 1e3)
+                await socket.send_json(reply)
+                index += 1
+        except WebSocketDisconnect:  # the client left mid-stream: its state goes with this call
+            pass
+        finally:
+            state["streams"] -= 1
+            metrics.streams.dec()
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    page = resources.files("emonet.serve").joinpath("static", "index.html").read_text(encoding="utf-8")
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index() -> str:
+        return page
+
+    return app

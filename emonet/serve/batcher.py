@@ -1,0 +1,126 @@
+"""One dynamic batcher for every request and stream: images from all clients go through the GPU together.
+
+One thread owns the pipeline (detector and engine). It takes the images waiting, up to ``max_batch``, waiting
+at most ``max_delay`` seconds after the first for more to come; detects them in one call, gives each
+stream's faces their stable ids and smoothing (:class:`StreamState`, one per connection), and runs every
+face's crop through the engine in one batch. Each image's faces come back on its own future.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..pipeline import PlannedFace, Pipeline, Smoother
+from ..results import FaceResult
+from ..tracking import Tracker
+
+BatchHook = Callable[[int, int, float], None]  # (images, faces, seconds) of each batch run
+
+
+@dataclass
+class StreamState:
+    """One stream's tracking and smoothing (its faces keep their ids, and their smoothing, from frame to frame)."""
+
+    smooth: bool = True
+    tracker: Tracker = field(default_factory=Tracker)
+    frames: int = 0
+
+
+@dataclass
+class _Job:
+    image: np.ndarray
+    state: Optional[StreamState]
+    future: Future
+
+
+class Batcher:
+    """``submit(image, state)`` from any thread: a future of the image's faces (:class:`FaceResult` list)."""
+
+    def __init__(self, pipeline: Pipeline, max_batch: int = 32, max_delay: float = 0.004,
+                 on_batch: Optional[BatchHook] = None) -> None:
+        self.pipeline = pipeline
+        self.max_batch, self.max_delay = max_batch, max_delay
+        self._jobs: "queue.Queue[Optional[_Job]]" = queue.Queue()
+        self._on_batch = on_batch
+        self._thread = threading.Thread(target=self._run, name="emonet-batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, image: np.ndarray, state: Optional[StreamState] = None) -> Future:
+        """Queue one RGB ``(H, W, 3)`` uint8 image (a stream's next frame, with its ``state``)."""
+        future: Future = Future()
+        self._jobs.put(_Job(image, state, future))
+        return future
+
+    def close(self) -> None:
+        """Finish the images queued, then stop."""
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _take(self) -> Optional[list[_Job]]:
+        first = self._jobs.get()
+        if first is None:
+            return None
+        jobs = [first]
+        deadline = time.perf_counter() + self.max_delay
+        while len(jobs) < self.max_batch:
+            wait = deadline - time.perf_counter()
+            try:
+                job = self._jobs.get(timeout=wait) if wait > 0 else self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:  # closing: run what is in hand, then stop
+                self._jobs.put(None)
+                break
+            jobs.append(job)
+        return jobs
+
+    def _run(self) -> None:
+        while (jobs := self._take()) is not None:
+            jobs = [j for j in jobs if j.future.set_running_or_notify_cancel()]
+            if not jobs:
+                continue
+            t0 = time.perf_counter()
+            try:
+                results = self._analyse(jobs)
+            except Exception as exc:  # noqa: BLE001 - every waiting client hears of it; the server goes on
+                for job in jobs:
+                    job.future.set_exception(exc)
+                continue
+            faces = 0
+            for job, found in zip(jobs, results):
+                job.future.set_result(found)
+                faces += len(found)
+            if self._on_batch is not None:
+                self._on_batch(len(jobs), faces, time.perf_counter() - t0)
+
+    def _analyse(self, jobs: list[_Job]) -> list[list[FaceResult]]:
+        pipeline = self.pipeline
+        images = [j.image for j in jobs]
+        detections = pipeline.detector.detect(images)
+        planned: list[PlannedFace] = []
+        smoothers: list[Optional[Smoother]] = []
+        for i, (job, found) in enumerate(zip(jobs, detections)):
+            faces = pipeline.plan([job.image], [found])
+            state = job.state
+            if state is None:
+                planned += [PlannedFace(i, 0, f.face_id, f.box, f.score, True, f.matrix) for f in faces]
+                smoothers += [None] * len(faces)
+                continue
+            frame = state.frames
+            state.frames += 1
+            tracks = state.tracker.update(np.asarray([np.append(f.box, f.score) for f in faces]).reshape(-1, 5), frame)
+            for f in faces:  # each detection's track: the one the tracker matched it to on this frame
+                track = next(t for t in tracks if t.det_frame == frame and np.array_equal(t.det_box, f.box))
+                planned.append(PlannedFace(i, frame, track.id, f.box, f.score, True, f.matrix))
+                smoothers.append(track.smoother if state.smooth else None)
+        results = pipeline.collect(pipeline.launch(images, planned), smoothers)
+        per_image: list[list[FaceResult]] = [[] for _ in jobs]
+        for face, result in zip(planned, results):
+            per_image[face.image].append(result)
+        return per_image

@@ -1,0 +1,177 @@
+"""emonet-serve for real on loopback (CPU, random weights): analyze, streams of a real clip's frames, bad input,
+limits, disconnects, concurrent streams and shutdown."""
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+from websockets.sync.client import connect  # noqa: E402
+
+pytestmark = pytest.mark.slow  # a server in a process of its own
+
+ROOT = Path(__file__).resolve().parents[1]
+PHOTO = ROOT / "emonet" / "engine" / "astronaut.jpg"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(*extra: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "emonet.apps.serve", "--weights", "random", "--device", "cpu",
+                             "--port", str(port), *extra], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("the server did not answer /health within 120 s")
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url = start_server("--max-streams", "3", "--max-image-mb", "0.5")
+    yield url
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def clip_frames(tmp_path_factory) -> list[bytes]:
+    """JPEG frames of a real clip: the sample photo's face moving over a filmed-like background."""
+    from emonet.bench.run import make_clip
+    path = make_clip(tmp_path_factory.mktemp("clip") / "clip.mp4", width=640, height=480, frames=8)
+    with av.open(str(path)) as container:
+        frames = [f.to_ndarray(format="bgr24") for f in container.decode(video=0)]
+    return [cv2.imencode(".jpg", f)[1].tobytes() for f in frames]
+
+
+def ws_url(url: str) -> str:
+    return url.replace("http://", "ws://") + "/v1/stream"
+
+
+def test_health_says_what_it_runs(server):
+    health = httpx.get(f"{server}/health").json()
+    assert health["status"] == "ready" and health["untrained"] is True and health["detector"] == "blazeface"
+    assert health["device"].startswith("cpu") and health["max_streams"] == 3
+
+
+def test_analyze_answers_each_face_as_the_photo_tool_does(server, tmp_path):
+    reply = httpx.post(f"{server}/v1/analyze", files={"image": ("a.jpg", PHOTO.read_bytes(), "image/jpeg")}, timeout=60)
+    assert reply.status_code == 200
+    faces = reply.json()["faces"]
+    out = tmp_path / "photo.json"
+    subprocess.run([sys.executable, "-m", "emonet.apps.photo", "--image", str(PHOTO), "--weights", "random",
+                    "--device", "cpu", "--json", str(out)], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    (tool,) = json.loads(out.read_text())["images"]
+    assert len(faces) == len(tool["faces"]) == 1
+    assert set(faces[0]) == set(tool["faces"][0])
+    np.testing.assert_allclose(faces[0]["box"], tool["faces"][0]["box"], atol=0.01)
+    assert faces[0]["expression"] == tool["faces"][0]["expression"]
+    assert abs(faces[0]["valence"] - tool["faces"][0]["valence"]) < 1e-3
+
+
+@pytest.mark.parametrize("files, status, message", [
+    ({"image": ("notes.txt", b"hello", "text/plain")}, 400, "notes.txt: not a JPEG or PNG image"),
+    ({"image": ("cut.jpg", PHOTO.read_bytes()[:2000], "image/jpeg")}, 400, "could not be decoded"),
+    ({"image": ("big.png", b"\x89PNG\r\n\x1a\n" + bytes(600_000), "image/png")}, 413, "at most 524288"),
+    ({"photo": ("a.jpg", b"x", "image/jpeg")}, 422, "image"),
+])
+def test_bad_images_are_a_4xx_with_a_message_and_the_server_goes_on(server, files, status, message):
+    reply = httpx.post(f"{server}/v1/analyze", files=files, timeout=60)
+    assert reply.status_code == status and message in reply.text
+    assert httpx.get(f"{server}/health").status_code == 200
+
+
+def test_a_stream_answers_every_frame_in_order_with_stable_ids_and_its_latencies(server, clip_frames):
+    with connect(ws_url(server), max_size=None) as ws:
+        replies = []
+        for frame in clip_frames:
+            ws.send(frame)
+            replies.append(json.loads(ws.recv(timeout=120)))
+        ws.send(b"not an image")  # a bad frame is answered, not fatal
+        bad = json.loads(ws.recv(timeout=60))
+    assert [r["frame"] for r in replies] == list(range(len(clip_frames)))
+    assert all(len(r["faces"]) == 1 and r["faces"][0]["face_index"] == 0 for r in replies)  # one face, one id
+    times = [r["timestamp"] for r in replies]
+    assert times == sorted(times) and all(r["latency_ms"] > 0 for r in replies)
+    assert replies[0]["first_latency_ms"] == replies[0]["latency_ms"] and replies[0]["steady_latency_ms"] is None
+    assert replies[-1]["first_latency_ms"] == replies[0]["latency_ms"] and replies[-1]["steady_latency_ms"] > 0
+    assert bad["frame"] == len(clip_frames) and bad["error"] == "not a JPEG or PNG image"
+
+
+def test_concurrent_streams_lose_and_reorder_nothing_and_share_batches(server, clip_frames):
+    results: dict = {}
+
+    def client(k: int) -> None:
+        with connect(ws_url(server), max_size=None) as ws:
+            got = []
+            for frame in clip_frames[:4]:
+                ws.send(frame)
+                got.append(json.loads(ws.recv(timeout=300))["frame"])
+            results[k] = got
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert results == {k: [0, 1, 2, 3] for k in range(3)}
+    metrics = httpx.get(f"{server}/metrics").text
+    assert "emonet_batch_images_count" in metrics and 'emonet_stream_frames_total{status="ok"}' in metrics
+
+
+def test_streams_past_the_limit_are_refused_and_a_client_that_leaves_frees_its_place(server, clip_frames):
+    with contextlib.ExitStack() as stack:
+        held = [stack.enter_context(connect(ws_url(server), max_size=None)) for _ in range(3)]
+        with connect(ws_url(server)) as extra:
+            refusal = json.loads(extra.recv(timeout=30))
+            assert "at its limit of 3 streams" in refusal["error"]
+        held[0].send(clip_frames[0])  # leaves mid-stream, its frame unanswered
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{server}/health").json()["streams"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert httpx.get(f"{server}/health").json()["streams"] == 0
+    with connect(ws_url(server), max_size=None) as ws:  # room again
+        ws.send(clip_frames[0])
+        assert json.loads(ws.recv(timeout=120))["frame"] == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_it_cleanly(sig):
+    proc, url = start_server()
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) == 0
+    err = proc.stderr.read()
+    assert "emonet-serve: stopped" in err and "Traceback" not in err
+
+
+def test_a_port_in_use_is_one_line_before_the_model_loads():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "emonet.apps.serve", "--weights", "random", "--device", "cpu",
+                              "--port", str(port)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(f"error: cannot listen on 127.0.0.1:{port}")
+    assert "EmoNet (" not in out.stderr

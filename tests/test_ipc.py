@@ -57,7 +57,7 @@ def test_the_decoding_helper_speaks_the_protocol_and_hands_frames_over_in_its_ri
         shape = (fh, fw, 3) if layout == "bgr" else (fh * 3 // 2, fw)
         means.append(round(float(ring.view(slot, shape)[:fh].mean())))
         ipc.send(proc.stdin, ("R", slot))  # two slots: the helper waits for each to come back
-    assert message == ("D", 4, 4, False)
+    assert message == ("D", 4, 4, False, 0)
     assert [abs(m - level) <= 3 for m, level in zip(means, (40, 80, 120, 160))] == [True] * 4
     assert ipc.receive(proc.stdout) == ("X",)  # the second video cannot be opened; the helper says so and goes on
     proc.stdin.close()

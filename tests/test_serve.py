@@ -141,6 +141,14 @@ def test_concurrent_streams_lose_and_reorder_nothing_and_share_batches(server, c
     assert "emonet_batch_images_count" in metrics and 'emonet_stream_frames_total{status="ok"}' in metrics
 
 
+def test_a_load_of_paced_streams_loses_and_reorders_nothing(server, clip_frames):
+    from emonet.bench.load import run_load
+    result = run_load(server, clip_frames, streams=2, fps=2.0, seconds=2.0)  # bounded: 8 frames, loopback
+    assert (result.sent, result.lost, result.out_of_order, result.errors) == (8, 0, 0, [])
+    assert len(result.latencies) == 8 and result.mean_batch is not None and result.mean_batch >= 1
+    assert result.row().startswith("| 2 | 2 | 8 | 0 | 0 |")
+
+
 def test_streams_past_the_limit_are_refused_and_a_client_that_leaves_frees_its_place(server, clip_frames):
     with contextlib.ExitStack() as stack:
         held = [stack.enter_context(connect(ws_url(server), max_size=None)) for _ in range(3)]

@@ -13,6 +13,7 @@ from typing import Optional
 from ..cli import ToolParser
 from ..errors import EXIT_CODES
 from ..io import nvdec
+from ..io.decode_worker import is_stream_url
 from ..io.images import check_writable_dir
 from ..io.writer import CODECS, check_video_name
 from ..models.weights import UNTRAINED_LABEL
@@ -72,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         meta = write_sidecar(rows, provenance(result.engine), {
             "video": source, "frames": result.frames, "declared_frames": (ending.declared or None) if ending else None,
             "complete": not result.interrupted and result.shortfall is None,
-            "warning": result.shortfall, "interrupted": result.interrupted})
+            "warning": result.shortfall, "interrupted": result.interrupted,
+            "dropped_frames": ending.dropped if ending else 0})
         print(f"provenance: {meta}", file=sys.stderr)
     print(startup.format("first results"), file=sys.stderr)
     if result.shortfall:
@@ -108,6 +110,10 @@ def report(run: VideoRun, config: VideoConfig) -> None:
         if path and path != "-":
             print(f"{what}: {path}", file=err)
     print(run.timer.summary().format(f"crop + EmoNet per batch (up to {config.batch_size} frames)", "frame"), file=err)
+    ending = run.source.ending
+    if ending is not None and ending.dropped:
+        print(f"note: {ending.dropped} frames of the live source were dropped (read as they came while the "
+              f"analysis was behind; {frames} analysed)", file=err)
     if run.engine.background_note:
         print(f"engine: {run.engine.background_note}", file=err)
     if run.engine.untrained:
@@ -122,6 +128,7 @@ EXAMPLES = """examples:
   %(prog)s --video clip.mp4 --jsonl frames.jsonl --weights random     # try it without the released weights
   %(prog)s --video 0                                                  # a camera: rows on the terminal
   %(prog)s --video 0 --csv camera.csv --output camera.mp4             # a camera, kept
+  %(prog)s --video rtsp://camera.local/stream --csv live.csv          # a network stream, until it ends or Ctrl-C
 """
 
 
@@ -133,7 +140,9 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                     "results and an annotated video. Ctrl-C or SIGTERM stops cleanly, keeping every finished "
                     "frame.")
     parser.add_argument("--video", required=True, nargs="+", metavar="VIDEO",
-                        help="video file, numbered images (\"frames/%%04d.png\") or a camera index such as 0; with "
+                        help="video file, numbered images (\"frames/%%04d.png\"), a camera index such as 0, or a "
+                             "network stream (any URL FFmpeg opens: rtsp://, rtmp://, udp://, tcp://, http(s)://; read "
+                             "as it comes: frames are dropped, and counted, when the analysis falls behind); with "
                              "--out-dir: any number of files, folders and glob patterns")
     out = parser.add_argument_group("outputs (none given: the rows on standard output)")
     out.add_argument("--output", metavar="FILE", help="annotated video at the source's frame rate (.mp4; also .mov, "
@@ -203,7 +212,8 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
         return args
     if args.output_videos or args.force:
         parser.error("--output-videos and --force go with --out-dir")
-    if len(args.video) > 1 or any(c in args.video[0] for c in "*?[") or Path(args.video[0]).is_dir():
+    pattern = any(c in args.video[0] for c in "*?[") and not is_stream_url(args.video[0])
+    if len(args.video) > 1 or pattern or Path(args.video[0]).is_dir():
         parser.error(f"{' '.join(args.video)}: several videos (or a folder or pattern) need --out-dir DIR")
     if not (args.output or args.csv or args.jsonl):
         args.csv = "-"  # nothing to keep asked for: the rows go to the terminal (a camera's first look)

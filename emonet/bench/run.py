@@ -29,6 +29,7 @@ EXAMPLES = """examples:
   emonet-bench --photo --photo-repeat 3          # one photo, from process start, every way
   emonet-bench --video clip.mp4 --video-repeat 3 # a video end to end, analysis and annotated
   emonet-bench --sweep                           # what users wait for: clips of 10 s to 30 min, photo sets
+  emonet-bench --serve-load http://127.0.0.1:8000 # concurrent streams against a running emonet-serve
   emonet-bench --profile fp16-graph:16           # the kernels of one mode at one batch size
   (python -m emonet.bench does the same)
 """
@@ -552,6 +553,31 @@ def job_sweep(device: str, seconds: Sequence[int] = (10, 60, 300, 1800), photos:
 
 
 
+def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float = 30.0) -> str:
+    """The service at ``url`` under each count of concurrent streams (:func:`emonet.bench.load.run_load`), as a
+    Markdown table: frames lost and out of order, server latency, round trips, GPU batch sizes."""
+    import json
+    import urllib.request
+
+    import av
+    import cv2
+    from .load import HEADER, run_load
+
+    health = json.loads(urllib.request.urlopen(f"{url}/health", timeout=10).read())
+    with tempfile.TemporaryDirectory(prefix="emonet-load-") as tmp:
+        clip = make_clip(Path(tmp) / "clip.mp4", width=640, height=480, frames=30)
+        with av.open(str(clip)) as container:
+            frames = [cv2.imencode(".jpg", f.to_ndarray(format="bgr24"))[1].tobytes() for f in container.decode(video=0)]
+    lines = [f"Service: {url}, {health.get('engine')} on {health.get('device')}; 640x480 JPEG frames "
+             f"({len(frames[0]) // 1024} KB), {fps:g} frames/s a stream, {seconds:g} s each.", "", HEADER]
+    for n in counts:
+        result = run_load(url, frames, n, fps, seconds)
+        lines.append(result.row())
+        if result.errors:
+            lines.append(f"<!-- {n} streams: {len(result.errors)} errors, first: {result.errors[0]} -->")
+    return "\n".join(lines)
+
+
 def photo_benchmark(photo: Optional[str], device: str, repeat: int = 2, crops: int = 149) -> str:
     """One photo, and ``crops`` tight face crops, from process start to exit: the released demo's way
     against the photo tool's ways, fresh processes alternating, ``repeat`` rounds, and the floor of a
@@ -772,6 +798,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "at steady speed")
     parser.add_argument("--sweep-photos", default="1,150,1500", metavar="N[,N...]",
                         help="photo set sizes of --sweep (default 1,150,1500)")
+    parser.add_argument("--serve-load", default=None, metavar="URL",
+                        help="drive a running emonet-serve at URL (http://127.0.0.1:8000) with concurrent WebSocket "
+                             "streams of 640x480 JPEG frames: lost and reordered frames, server latency p50/p99, GPU "
+                             "batch sizes")
+    parser.add_argument("--serve-streams", default="1,8,16,32", metavar="N[,N...]",
+                        help="stream counts of --serve-load (default 1,8,16,32)")
+    parser.add_argument("--serve-seconds", default=10.0, type=float, metavar="S",
+                        help="how long each count of --serve-load runs, 30 frames/s a stream (default 10)")
     parser.add_argument("--warp", action="store_true",
                         help="instead: time cutting face crops with OpenCV against grid_sample on the device")
     parser.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
@@ -796,6 +830,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     # --warp, --video and --profile make one Markdown report: shown, and saved to --markdown.
     if args.warp:
         _report(warp_benchmark(args.device), args.markdown)
+        return 0
+    if args.serve_load is not None:
+        try:
+            counts = [int(v) for v in args.serve_streams.split(",") if v]
+        except ValueError:
+            parser.error(f"--serve-streams takes whole counts, as 1,8,32 (got {args.serve_streams!r})")
+        if not counts or min(counts) < 1 or args.serve_seconds <= 0:
+            parser.error("--serve-streams counts are at least 1, and --serve-seconds positive")
+        try:
+            text = serve_load_table(args.serve_load.rstrip("/"), counts, args.serve_seconds)
+        except OSError as exc:
+            print(f"error: {args.serve_load}: no emonet-serve answers there ({exc})", file=sys.stderr)
+            return 2
+        _report(text, args.markdown)
         return 0
     if args.sweep is not None:
         try:

@@ -26,13 +26,14 @@ child sends, for each video in turn:
   first frame was captured), None where the source has none (numbered images);
 - ``("B", height, width, seconds, time, data)``: a frame too large for a slot (the video changed size), its
   bytes in the message;
-- ``("D", produced, declared, damaged)``: no more frames of this video (at its end, ``max_frames`` or ``end``):
-  how many were handed over, how many the container declares (0: it does not say), and whether decoding
-  stopped at damaged data; ``("X",)``: it could not be opened; ``("E", message)``: decoding failed. The next
+- ``("D", produced, declared, damaged, dropped)``: no more frames of this video (at its end, ``max_frames`` or
+  ``end``): how many were handed over, how many the container declares (0: it does not say), whether
+  decoding stopped at damaged data (a network stream: that stalled or broke off), and how many frames of
+  a live source (a camera, a network stream) were read and dropped because the analysis was behind; ``("X",)``: it could not be opened; ``("E", message)``: decoding failed. The next
   video follows.
 
 The parent sends ``("R", slot)`` when it has finished with a slot. The child decodes ahead into free slots
-and waits for one when none is left, so memory stays bounded; a video with larger frames gets a new ring
+and waits for one when none is left (a live source's frame is dropped instead), so memory stays bounded; a video with larger frames gets a new ring
 once every slot of the old one is back. It ignores Ctrl-C: the parent, which sees it too, ends the child
 when it closes the reader.
 """
@@ -41,10 +42,22 @@ from __future__ import annotations
 import json
 import math
 import os
+import select
 import sys
 import time
 from collections import deque
 from typing import Optional
+
+
+# What FFmpeg reads as a network stream: read as it comes (no buffering ahead, frames dropped when the
+# analysis falls behind), and reported as stalled when no data comes for STALL_SECONDS.
+LIVE_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "rtp", "srt", "udp", "tcp", "http", "https")
+STALL_SECONDS = 10.0
+
+
+def is_stream_url(source) -> bool:
+    """Whether ``source`` is a URL of a network stream (``rtsp://``, ``udp://``, ``tcp://``, ``http://`` ...)."""
+    return isinstance(source, str) and source.split("://", 1)[0].lower() in LIVE_SCHEMES and "://" in source
 
 
 def decoding_threads() -> int:
@@ -133,13 +146,16 @@ class _OpenCV:
 class _PyAV:
     """Frames as FFmpeg decodes them, frame-threaded, handed over as I420 planes (no colour conversion here)."""
 
-    def __init__(self, container, start: float) -> None:
+    def __init__(self, container, start: float, live: bool = False) -> None:
         import av
-        self.error = av.FFmpegError  # what damaged data raises
+        self.error = (av.FFmpegError, OSError)  # what damaged data (or a stalled stream) raises
         self.container = container
         stream = container.streams.video[0]
-        stream.thread_type = "FRAME"  # slice threads too ("AUTO") decoded less per second
-        stream.codec_context.thread_count = decoding_threads()
+        if live:  # frame threads hold frames back (one per thread): slices only, for the least delay
+            stream.thread_type = "SLICE"
+        else:
+            stream.thread_type = "FRAME"  # slice threads too ("AUTO") decoded less per second
+            stream.codec_context.thread_count = decoding_threads()
         rate = stream.average_rate or stream.guessed_rate or 0
         self.fps = float(rate)
         self.count = self.declared = int(stream.frames or 0)
@@ -221,13 +237,20 @@ class _PyAV:
 
 
 def open_pyav(source: str, start: float = 0.0):
-    """PyAV's decoder of a file whose frames it can hand over as I420 as they are, or None (use OpenCV)."""
+    """PyAV's decoder of a file (or network stream) whose frames it can hand over as I420 as they are, or None
+    (use OpenCV)."""
     try:
         import av
     except ImportError:
         return None
+    live = is_stream_url(source)
     try:
-        container = av.open(source)
+        if live:  # read as it comes; a stream that sends nothing for STALL_SECONDS ends with an error
+            # (FFmpeg's "nobuffer" flag cut the delay further, but lost whole MPEG-TS streams while probing.)
+            options = {"rtsp_transport": "tcp"} if source.lower().startswith("rtsp") else {}
+            container = av.open(source, options=options, timeout=(STALL_SECONDS, STALL_SECONDS))
+        else:
+            container = av.open(source)
     except (av.FFmpegError, OSError, ValueError):
         return None
     try:
@@ -236,7 +259,7 @@ def open_pyav(source: str, start: float = 0.0):
         if width % 2 or height % 2 or not width:
             container.close()  # odd sides: OpenCV's BGR
             return None
-        return _PyAV(container, start)
+        return _PyAV(container, start, live)
     except (IndexError, av.FFmpegError, ValueError, OSError):
         container.close()
         return None
@@ -261,6 +284,8 @@ def _open(video: dict):
     reader = None
     if isinstance(source, str) and "%" not in source:
         reader = open_pyav(source, video["start"])
+        if reader is None and is_stream_url(source):
+            return None, None, 0.0  # FFmpeg could not open it (or nothing came): OpenCV would wait again
     if reader is not None:
         t0 = time.perf_counter()
         frame = reader.first()
@@ -310,7 +335,7 @@ def main(spec_json: str) -> int:
             if first is None:
                 reader.close()
                 say("I", fps, count, 0, 0, 0, None, reader.layout)
-                say("D", 0, reader.declared, reader.damaged)
+                say("D", 0, reader.declared, reader.damaged, 0)
                 continue
             h, w = reader.dims(first)
             named = "="  # the ring so far serves this video too
@@ -335,9 +360,21 @@ def main(spec_json: str) -> int:
             rate = fps if 0 < fps < 1000 else 30.0
             index = int(round(video["start"] * rate)) if video["start"] > 0 else 0
             end, limit = video.get("end"), video.get("max_frames")
-            pending, produced = first, 0
+            pending, produced, dropped = first, 0, 0
+            live = is_stream_url(video["source"]) or isinstance(video["source"], int)
             try:
                 while in_run(produced, index, rate, limit, end):
+                    if live:  # take the slots handed back so far, without waiting
+                        while not free and select.select([inp], [], [], 0)[0]:
+                            if not take_back():
+                                return 0
+                        if not free and pending is None:
+                            # The analysis is behind: this frame is read (the stream goes on) and dropped,
+                            # so the delay stays bounded rather than growing with a queue.
+                            if reader.read(lambda fh, fw: None) is None:
+                                break
+                            dropped += 1
+                            continue
                     while not free:
                         if not take_back():  # the parent has gone
                             return 0
@@ -365,7 +402,7 @@ def main(spec_json: str) -> int:
                     if frame.ctypes.data != target.ctypes.data:
                         np.copyto(target, frame)
                     say("F", slot, h, w, seconds, reader.time)
-                say("D", produced, reader.declared, reader.damaged)
+                say("D", produced, reader.declared, reader.damaged, dropped)
             except BrokenPipeError:
                 raise
             except Exception as exc:  # one message for the parent to report; the next video goes on

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from . import ipc, nvdec
-from .decode_worker import in_run
+from .decode_worker import STALL_SECONDS, in_run, is_stream_url
 from ..errors import InputError
 from .helper import died, start_helper
 
@@ -119,6 +119,7 @@ class Ending:
     produced: int
     declared: int = 0
     damaged: bool = False
+    dropped: int = 0  # a live source's frames read and dropped: the analysis was behind
 
 
 class _Decoder:
@@ -153,9 +154,12 @@ class _Decoder:
         self.ending = None
         message = self._receive()
         if message[0] == "X":
-            camera = isinstance(source, int)
-            raise InputError(f"camera {source} could not be opened (no camera there, or it is in use)" if camera
-                             else f"{source}: not a video FFmpeg or OpenCV can open (not a video, corrupt, or an unknown codec)")
+            if isinstance(source, int):
+                raise InputError(f"camera {source} could not be opened (no camera there, or it is in use)")
+            if is_stream_url(source):
+                raise InputError(f"{source}: the stream could not be opened (nothing answered or sent video within "
+                                 f"{STALL_SECONDS:g} s; check the address, and that the sender is running)")
+            raise InputError(f"{source}: not a video FFmpeg or OpenCV can open (not a video, corrupt, or an unknown codec)")
         if message[0] != "I":
             raise InputError(f"{source}: decoding could not start ({self._why(message)})")
         _, fps, count, h, w, slots, path, self.layout = message
@@ -196,8 +200,8 @@ class _Decoder:
                 self.shape = (h, w, 3)
                 yield np.frombuffer(bytearray(data), np.uint8).reshape(self._shape(h, w)), seconds, None, shown
             elif kind == "D":
-                _, produced, declared, damaged = message
-                self.ending = Ending(produced, declared, damaged)
+                _, produced, declared, damaged, dropped = message
+                self.ending = Ending(produced, declared, damaged, dropped)
                 self.at_end = True
                 return
             else:
@@ -261,11 +265,12 @@ class VideoReader:
         self.device = device if device is not None and torch.device(device).type == "cuda" else None
         self.keep_host = keep_host or self.device is None
         camera = isinstance(source, int) or (isinstance(source, str) and source.isdigit())
-        sequence = isinstance(source, str) and "%" in source  # numbered images: "frames/%04d.png"
+        url = is_stream_url(source)  # rtsp://, udp://, tcp://, http(s)://, ...: read as it comes, like a camera
+        sequence = isinstance(source, str) and "%" in source and not url  # numbered images: "frames/%04d.png"
         problem = None
-        if not camera and not sequence and Path(source).is_dir():
+        if not camera and not sequence and not url and Path(source).is_dir():
             problem = f"{source}: is a folder, not a video file"
-        elif not camera and not sequence and not Path(source).is_file():
+        elif not camera and not sequence and not url and not Path(source).is_file():
             problem = f"{source}: no such video file"
         # A decoder of several videos (a VideoSequence's) has this one's header next; its thread runs _run.
         self._shared = decoder is not None
@@ -275,7 +280,8 @@ class VideoReader:
         self._nvdec: Optional[nvdec.NvdecVideo] = None
         self.nvdec_refused: Optional[str] = None
         if use_nvdec:
-            self.nvdec_refused = ("a camera or numbered images" if camera or sequence else "--start" if start > 0
+            self.nvdec_refused = ("a camera, a network stream or numbered images" if camera or sequence or url
+                                  else "--start" if start > 0
                                   else "several videos share one decoder" if self._shared else problem)
             if self.nvdec_refused is None:
                 try:
@@ -318,6 +324,8 @@ class VideoReader:
         self.frames_read = 0
         self.ending: Optional[Ending] = None  # how the frames ended, once read to the end
         self._camera = camera
+        self.live = camera or url  # frames as they come: dropped (and counted) when the analysis is behind
+        self._url = url
         self._queue: "queue.Queue[Optional[Frame]]" = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._done = threading.Event()  # _run has ended: this video's frames are all taken from the decoder
@@ -347,6 +355,9 @@ class VideoReader:
         ending = self.ending
         if ending is None or self._camera:
             return None
+        if self._url:  # a live stream ends when its sender stops; only a stall or a break is a shortfall
+            return (f"the stream stalled (nothing for {STALL_SECONDS:g} s) or broke off after {self.frames_read} frames"
+                    if ending.damaged else None)
         limited = self.end is not None or (self.max_frames is not None and self.frames_read >= self.max_frames)
         wanted = ending.declared - self.first_index
         short = not limited and ending.declared and self.frames_read < wanted
@@ -503,6 +514,10 @@ class VideoReader:
         """Start taking (and uploading) decoded frames now, before the first iteration (which starts it anyway)."""
         if self._thread.ident is None and not self._shared:
             self._thread.start()
+
+    def ready(self) -> bool:
+        """A frame (or the end) is waiting: taking it now would not wait."""
+        return not self._queue.empty()
 
     def __iter__(self) -> Iterator[Frame]:
         self.prefetch()

@@ -273,13 +273,15 @@ class VideoRun:
         return self
 
 
-def _chunks(frames: Iterable[Frame], size: int) -> Iterator[list[Frame]]:
-    """Chunks of ``size`` frames; a source that fails part-way gives the frames read before it, then its error."""
+def _chunks(frames: Source, size: int) -> Iterator[list[Frame]]:
+    """Chunks of ``size`` frames; a source that fails part-way gives the frames read before it, then its error.
+    A live source (a camera, a network stream) is not waited for: a chunk is what has come, up to ``size``."""
     chunk: list[Frame] = []
+    live = frames.live
     try:
         for frame in frames:
             chunk.append(frame)
-            if len(chunk) == size:
+            if len(chunk) == size or (live and not frames.ready()):
                 yield chunk
                 chunk = []
     except InputError:

@@ -1,6 +1,7 @@
 """Where a run's frames come from: one small interface (:class:`Source`) over every kind of input.
 
-A file, a camera or numbered images are read by :class:`emonet.io.video.VideoReader` (decoding in a process of
+A file, a network stream (any URL FFmpeg opens: ``rtsp://``, ``udp://``, ``tcp://``, ``http(s)://``, ...), a
+camera or numbered images are read by :class:`emonet.io.video.VideoReader` (decoding in a process of
 its own, or on NVDEC); frames handed in from Python by :class:`ArraySource`. :func:`open_source` picks one;
 :func:`open_sources` gives a collection's files, decoded one after the other without a pause between them.
 """
@@ -27,6 +28,7 @@ class Source(Protocol):
     device: Optional[torch.device]            # where the frames' pixels are (None: host memory)
     decode_seconds: float                     # spent decoding, where the source measures it
     nvdec: bool                               # decoded by NVDEC on the GPU
+    live: bool                                # frames as they come (a camera, a network stream): not waited for
     ending: Optional[Ending]                  # how the frames ended, once read to the end
 
     @property
@@ -34,6 +36,8 @@ class Source(Protocol):
 
     @property
     def shortfall(self) -> Optional[str]: ...         # why the frames read are not the whole video, or None
+
+    def ready(self) -> bool: ...                      # a frame is waiting: taking it would not wait
 
     def __iter__(self) -> Iterator[Frame]: ...
 
@@ -82,6 +86,7 @@ class ArraySource:
     order. Timestamps not given are ``index / fps``."""
 
     nvdec = False
+    live = False
     ending: Optional[Ending] = None
 
     def __init__(self, frames: Iterable[Union[np.ndarray, tuple[np.ndarray, float]]], fps: float = 30.0,
@@ -103,6 +108,10 @@ class ArraySource:
     def shortfall(self) -> Optional[str]:
         """Frames from Python are whole by definition."""
         return None
+
+    def ready(self) -> bool:
+        """Frames from Python are taken as the caller gives them."""
+        return True
 
     def __iter__(self) -> Iterator[Frame]:
         index = 0

@@ -1,0 +1,105 @@
+"""A load generator for ``emonet-serve``: N concurrent WebSocket streams of JPEG frames at a frame rate, each
+frame's answer checked (none lost, none out of order) and its server-side latency kept; the GPU batch sizes
+from ``/metrics``."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+
+@dataclass
+class LoadResult:
+    """What N streams saw: frames sent and answered, order kept, server latencies (ms), batch sizes."""
+
+    streams: int
+    fps: float
+    sent: int = 0
+    answered: int = 0
+    out_of_order: int = 0
+    errors: list[str] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)     # receive-to-send, as the server reports it
+    round_trips: list[float] = field(default_factory=list)   # send to answer, as the client sees it
+    mean_batch: Optional[float] = None                       # images per GPU batch during the run
+
+    @property
+    def lost(self) -> int:
+        """Frames sent and never answered."""
+        return self.sent - self.answered
+
+    def row(self) -> str:
+        """One Markdown table row."""
+        p = (lambda q, xs: f"{np.percentile(xs, q):.1f}" if xs else "–")
+        batch = f"{self.mean_batch:.1f}" if self.mean_batch is not None else "–"
+        return (f"| {self.streams} | {self.fps:g} | {self.sent} | {self.lost} | {self.out_of_order} | "
+                f"{p(50, self.latencies)} | {p(99, self.latencies)} | {p(50, self.round_trips)} | "
+                f"{p(99, self.round_trips)} | {batch} |")
+
+
+HEADER = ("| streams | frames/s each | frames sent | lost | out of order | server latency p50 (ms) | p99 (ms) | "
+          "round trip p50 (ms) | p99 (ms) | images per GPU batch |\n|---|---|---|---|---|---|---|---|---|---|")
+
+
+def _batches(url: str) -> tuple[float, float]:
+    """(sum, count) of the images-per-batch histogram on the server's /metrics."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    total = re.search(r"^emonet_batch_images_sum (\S+)$", text, re.M)
+    count = re.search(r"^emonet_batch_images_count (\S+)$", text, re.M)
+    return (float(total.group(1)) if total else 0.0), (float(count.group(1)) if count else 0.0)
+
+
+async def _stream(url: str, frames: list[bytes], fps: float, seconds: float, result: LoadResult) -> None:
+    from websockets.asyncio.client import connect
+
+    sent_at: dict[int, float] = {}
+    expected = 0
+    async with connect(url.replace("http", "ws", 1) + "/v1/stream", max_size=None) as ws:
+        async def receive() -> None:
+            nonlocal expected
+            async for message in ws:
+                reply = json.loads(message)
+                if "frame" not in reply:
+                    result.errors.append(reply.get("error", "?"))
+                    return
+                if reply["frame"] != expected:
+                    result.out_of_order += 1
+                expected = reply["frame"] + 1
+                result.answered += 1
+                result.latencies.append(reply["latency_ms"])
+                result.round_trips.append((time.perf_counter() - sent_at.pop(reply["frame"])) * 1e3)
+                if reply.get("error"):
+                    result.errors.append(reply["error"])
+
+        listener = asyncio.create_task(receive())
+        start, n = time.perf_counter(), int(seconds * fps)
+        for i in range(n):  # paced as a camera is: frame i leaves at i / fps, whatever the answers do
+            await asyncio.sleep(max(0.0, start + i / fps - time.perf_counter()))
+            sent_at[i] = time.perf_counter()
+            await ws.send(frames[i % len(frames)])
+            result.sent += 1
+        deadline = time.perf_counter() + 30
+        while sent_at and time.perf_counter() < deadline and not listener.done():
+            await asyncio.sleep(0.01)
+        listener.cancel()
+
+
+def run_load(url: str, frames: list[bytes], streams: int, fps: float = 30.0, seconds: float = 10.0) -> LoadResult:
+    """``streams`` concurrent streams of ``frames`` (JPEG bytes, cycled) at ``fps`` for ``seconds`` against the
+    service at ``url`` (``http://host:port``)."""
+    result = LoadResult(streams, fps)
+    before = _batches(url)
+
+    async def main() -> None:
+        await asyncio.gather(*(_stream(url, frames, fps, seconds, result) for _ in range(streams)))
+
+    asyncio.run(main())
+    after = _batches(url)
+    if after[1] > before[1]:
+        result.mean_batch = (after[0] - before[0]) / (after[1] - before[1])
+    return result

@@ -69,7 +69,7 @@ def test_on_a_gpu_auto_starts_at_once_and_captures_its_graphs_in_the_background(
     assert engine.config.batch_sizes == (AUTO_BATCH,) and torch.backends.cudnn.benchmark is False
     assert "captured in the background" in capsys.readouterr().err
     engine(torch.zeros(3, 3, 256, 256, dtype=torch.uint8, device="cuda:0"))  # answers, graph or not
-    engine._graphs.wait()
+    engine.wait_for_graphs()
     assert engine.graphs_ready_s is not None
 
 

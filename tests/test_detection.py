@@ -95,8 +95,7 @@ def test_gpu_detector_preparing_its_graphs_in_the_background_finds_the_same_face
     images = [torch.from_numpy(im).cuda() for im in (photo, photo[::2, ::2].copy())]
     gpu = BlazeFaceDetector("cuda", background=True)
     before = gpu.detect(images)  # eagerly, unless the graphs were already ready
-    gpu._graphs.wait()
-    gpu.verifier._graphs.wait()
+    gpu.wait_for_graphs()
     after = gpu.detect(images)
     assert [len(b) for b in before] == [1, 1]
     for b, a in zip(before, after):

@@ -231,8 +231,8 @@ def test_graphs_captured_in_the_background_answer_with_the_bits_the_first_crops_
     engine = Engine(reference_model, "cuda:0", config, log=lambda m: None)
     assert engine.warmup_ms is None  # nothing waited for
     first = [engine(crops) for _ in range(3)]  # while the graphs are captured (or after: either way)
-    engine._graphs.wait()
-    assert engine.graphs_ready_s is not None and not engine._graphs.preparing
+    engine.wait_for_graphs()
+    assert engine.graphs_ready_s is not None
     graphed = engine(crops)
     for got in first:
         for key in ("expression", "valence", "arousal", "landmarks"):

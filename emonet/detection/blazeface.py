@@ -422,6 +422,13 @@ class BlazeFaceDetector(FaceDetector):
         if self.verifier is not None:
             self.verifier.prepare()
 
+    def wait_for_graphs(self) -> None:
+        """Until the graphs being captured in the background, the close look's too, are ready."""
+        if self._graphs is not None:
+            self._graphs.wait()
+        if self.verifier is not None:
+            self.verifier.wait_for_graphs()
+
     def _capture(self, key: tuple, stream: "torch.cuda.Stream", error_mode: str) -> tuple:
         batch, dtype = key
         static_in = torch.zeros(batch, 3, self.size, self.size, device=self.device, dtype=dtype)

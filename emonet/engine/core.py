@@ -198,6 +198,11 @@ class Engine:
         self._log(f"engine {self.config.name}: its CUDA graphs (batch sizes {', '.join(map(str, self.config.batch_sizes))}) "
                   f"are captured in the background; crops before them run the same network eagerly")
 
+    def wait_for_graphs(self) -> None:
+        """Until the graphs being captured in the background, if any, are ready (a benchmark's steady state)."""
+        if self._graphs is not None:
+            self._graphs.wait()
+
     @property
     def graphs_ready_s(self) -> Optional[float]:
         """Seconds from :meth:`prepare` until every graph was ready (None: not prepared, or not yet)."""

@@ -28,10 +28,11 @@ setup(
     # serve: the HTTP/WebSocket service (FastAPI with uvicorn, the ecosystem's convention; python-multipart
     # reads uploads; websockets speaks WebSocket for uvicorn; prometheus-client writes /metrics).
     # test: also a real browser's driver (Selenium, for Debian's Chromium) and a WebSocket client.
+    # Pillow reads an upload's dimensions from its header, before anything is decoded.
     extras_require={"serve": ["fastapi>=0.110", "uvicorn>=0.29", "python-multipart>=0.0.9", "websockets>=12",
-                              "prometheus-client>=0.20"],
+                              "prometheus-client>=0.20", "pillow>=9"],
                     "test": ["pytest>=7", "scikit-image>=0.21", "scikit-learn>=1.0", "fastapi>=0.110", "uvicorn>=0.29",
-                             "python-multipart>=0.0.9", "websockets>=12", "prometheus-client>=0.20", "httpx>=0.27",
+                             "python-multipart>=0.0.9", "websockets>=12", "prometheus-client>=0.20", "pillow>=9", "httpx>=0.27",
                              "selenium>=4.20"],
                     "nvdec": ["PyNvVideoCodec>=2.0"]},
     entry_points={"console_scripts": [

@@ -47,8 +47,8 @@ def test_the_decoding_helper_speaks_the_protocol_and_hands_frames_over_in_its_ri
     spec = {"videos": [{"source": str(path), "start": 0.0}, {"source": str(tmp_path / "none.avi"), "start": 0.0}],
             "slots": 2, "budget": 1 << 20, "folders": list(ipc.FOLDERS)}
     proc = start_helper("emonet.io.decode_worker:main", json.dumps(spec), quiet=True)
-    kind, fps, count, h, w, slots, ring_path, layout = ipc.receive(proc.stdout)
-    assert (kind, fps, count, h, w, slots) == ("I", 10.0, 4, 48, 64, 2)
+    kind, fps, count, h, w, slots, ring_path, layout, live = ipc.receive(proc.stdout)
+    assert (kind, fps, count, h, w, slots, live) == ("I", 10.0, 4, 48, 64, 2, False)
     ring = ipc.Ring.attach(ring_path, slots)
     ring.unlink()
     means = []

@@ -1,6 +1,7 @@
 """emonet-serve for real on loopback (CPU, random weights): analyze, streams of a real clip's frames, bad input,
 limits, disconnects, concurrent streams and shutdown."""
 import contextlib
+import io
 import json
 import signal
 import socket
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import av
 import cv2
+from PIL import Image
 import numpy as np
 import pytest
 
@@ -96,8 +98,13 @@ def test_analyze_answers_each_face_as_the_photo_tool_does(server, tmp_path):
     ({"image": ("cut.jpg", PHOTO.read_bytes()[:2000], "image/jpeg")}, 400, "could not be decoded"),
     ({"image": ("big.png", b"\x89PNG\r\n\x1a\n" + bytes(600_000), "image/png")}, 413, "at most 524288"),
     ({"photo": ("a.jpg", b"x", "image/jpeg")}, 422, "image"),
+    ({"image": ("huge.png", b"", "image/png")}, 413, "8000x6000; at most 40000000 pixels"),  # a few KB
 ])
 def test_bad_images_are_a_4xx_with_a_message_and_the_server_goes_on(server, files, status, message):
+    if "huge.png" in str(files):  # small on disk, 48 megapixels once decoded: refused from its header
+        buffer = io.BytesIO()
+        Image.new("1", (8000, 6000)).save(buffer, "PNG")
+        files = {"image": ("huge.png", buffer.getvalue(), "image/png")}
     reply = httpx.post(f"{server}/v1/analyze", files=files, timeout=60)
     assert reply.status_code == status and message in reply.text
     assert httpx.get(f"{server}/health").status_code == 200
@@ -163,6 +170,16 @@ def test_streams_past_the_limit_are_refused_and_a_client_that_leaves_frees_its_p
     with connect(ws_url(server), max_size=None) as ws:  # room again
         ws.send(clip_frames[0])
         assert json.loads(ws.recv(timeout=120))["frame"] == 0
+
+
+def test_a_stream_opened_by_another_sites_page_is_refused(server):
+    from websockets.exceptions import InvalidStatus
+    with pytest.raises(InvalidStatus):
+        with connect(ws_url(server), additional_headers={"Origin": "http://elsewhere.example"}):
+            pass
+    with connect(ws_url(server), additional_headers={"Origin": server}) as ws:  # its own page's origin
+        ws.send(b"x")
+        assert json.loads(ws.recv(timeout=60))["error"] == "not a JPEG or PNG image"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

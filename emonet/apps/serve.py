@@ -88,7 +88,10 @@ def run(args: argparse.Namespace) -> int:
     # with these, that ends here, and the service says it stopped (exit 0) rather than dying of the signal.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    # A WebSocket message may be an image of the largest size taken, and a client may have two frames in
+    # flight: beyond, its reading waits (what a client makes the server hold stays bounded).
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, ws="websockets",
+                ws_max_size=config.max_image_bytes + (64 << 10), ws_max_queue=2)
     print("emonet-serve: stopped", file=sys.stderr)
     return 0
 

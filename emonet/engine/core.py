@@ -82,7 +82,9 @@ class Engine:
         self._graphs = Graphs(self.device, self._capture) if self.config.cuda_graphs else None
         self._static_inputs: Dict[torch.dtype, torch.Tensor] = {}
         self._graph_pool = None
-        if self.config.warmup and self.config.background and self._graphs is not None and not self._compiled:
+        # (Side streams would be shared by the eager runs and a capture under way: those modes warm up first.)
+        if (self.config.warmup and self.config.background and self._graphs is not None and not self._compiled
+                and not self.config.streams):
             self.prepare()
         elif self.config.warmup:
             self.warmup()
@@ -212,8 +214,12 @@ class Engine:
     def background_note(self) -> Optional[str]:
         """For a report: when the graphs captured in the background were ready (None: not prepared so)."""
         graphs = self._graphs
-        if not self.config.background or graphs is None or graphs.ready_s is None and not graphs.preparing:
+        if not self.config.background or graphs is None or (graphs.ready_s is None and not graphs.preparing
+                                                                and graphs.error is None):
             return None
+        if graphs.error is not None:
+            return (f"its CUDA graphs could not be captured in the background ({graphs.error}): every crop ran "
+                    f"eagerly (the same numbers)")
         if graphs.ready_s is None:
             return "its CUDA graphs were still being captured: every crop ran eagerly (the same numbers)"
         return (f"its CUDA graphs were ready {graphs.ready_s:.2f} s after load, captured in the background "

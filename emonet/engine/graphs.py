@@ -52,7 +52,7 @@ class Graphs:
         self._ready: dict = {}
         self._pending: set = set()
         self._thread: Optional[threading.Thread] = None
-        self._error: Optional[BaseException] = None
+        self.error: Optional[BaseException] = None  # a background capture failed: eager from then on
         self._stream: Optional[torch.cuda.Stream] = None
         self.ready_s: Optional[float] = None  # seconds from prepare() until its last graph was ready
 
@@ -66,11 +66,11 @@ class Graphs:
 
     def get(self, key: Hashable) -> Optional[tuple]:
         """The graph of ``key``; None while it is being prepared in the background (run eagerly meanwhile)."""
+        if key in self._pending or self.error is not None:  # (pending first: the worker readies, then un-pends)
+            return self._ready.get(key)
         found = self._ready.get(key)
         if found is not None:
             return found
-        if key in self._pending:
-            return None
         self.wait()  # one capture at a time: the background's first
         if key not in self._ready:
             self._ready[key] = self._capture(key, self.stream, "global")
@@ -97,8 +97,8 @@ class Graphs:
                     self._ready[key] = self._capture(key, stream, "thread_local")
                     self._pending.discard(key)
                 self.ready_s = time.perf_counter() - t0
-            except BaseException as exc:  # the callers go on eagerly; get() captures on first use instead
-                self._error = exc
+            except BaseException as exc:  # the callers go on eagerly (the same numbers), and are told
+                self.error = exc
             finally:
                 self._pending.clear()
 

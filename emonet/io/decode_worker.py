@@ -17,7 +17,8 @@ short videos cost one process start and no pause between them.
 Protocol: :mod:`.ipc` messages both ways; the frames themselves go through an :class:`.ipc.Ring`. The
 child sends, for each video in turn:
 
-- ``("I", fps, frame_count, height, width, slots, path, layout)``: opened; ``path`` is a new ring's file
+- ``("I", fps, frame_count, height, width, slots, path, layout, live)``: opened (``live``: a camera or a
+  network stream without a duration, read as it comes); ``path`` is a new ring's file
   (the parent attaches it and removes its name at once), ``"="`` when the last video's ring serves this one
   too, ``None`` when the video has no frame at all; ``layout`` is ``bgr`` (height x width x 3 bytes) or
   ``i420:MATRIX:RANGE`` (yuv420p planes, ``MATRIX`` 601 or 709, ``RANGE`` limited or full);
@@ -53,6 +54,7 @@ from typing import Optional
 # analysis falls behind), and reported as stalled when no data comes for STALL_SECONDS.
 LIVE_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "rtp", "srt", "udp", "tcp", "http", "https")
 STALL_SECONDS = 10.0
+LIVE_SLOTS = 3  # frames a live source holds decoded ahead
 
 
 def is_stream_url(source) -> bool:
@@ -107,6 +109,7 @@ class _OpenCV:
         import cv2
         self.capture = capture
         self.kind = kind  # file | camera | images
+        self.live = kind == "camera"
         self.fps = capture.get(cv2.CAP_PROP_FPS) or 0.0
         self.count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
         self.size: Optional[tuple] = None  # the last frame's (h, w): the next one's, most likely
@@ -150,6 +153,9 @@ class _PyAV:
         import av
         self.error = (av.FFmpegError, OSError)  # what damaged data (or a stalled stream) raises
         self.container = container
+        # A network stream without a duration is live (a file served over http is not): read as it comes.
+        self.live = live and container.duration is None
+        live = self.live
         stream = container.streams.video[0]
         if live:  # frame threads hold frames back (one per thread): slices only, for the least delay
             stream.thread_type = "SLICE"
@@ -310,7 +316,8 @@ def main(spec_json: str) -> int:
     from emonet.io.ipc import Ring, receive, send
 
     spec = json.loads(spec_json)
-    out, inp = sys.stdout.buffer, sys.stdin.buffer
+    # Unbuffered: select() on it then sees every message not yet read (a buffer would hide some).
+    out, inp = sys.stdout.buffer, sys.stdin.buffer.raw
     ring: Optional[Ring] = None
     free: deque = deque()
 
@@ -334,7 +341,7 @@ def main(spec_json: str) -> int:
             fps, count = reader.fps, reader.count
             if first is None:
                 reader.close()
-                say("I", fps, count, 0, 0, 0, None, reader.layout)
+                say("I", fps, count, 0, 0, 0, None, reader.layout, False)
                 say("D", 0, reader.declared, reader.damaged, 0)
                 continue
             h, w = reader.dims(first)
@@ -348,20 +355,21 @@ def main(spec_json: str) -> int:
                     ring.unlink()  # normally the parent already did, right after attaching it
                     ring.close()
                 slot_bytes = first.nbytes
-                ring = Ring.create(max(2, min(spec["slots"], spec["budget"] // slot_bytes)), slot_bytes,
-                                   spec["folders"])
+                # A live source keeps few frames ahead: the fewer held, the fresher the one analysed.
+                wanted = LIVE_SLOTS if getattr(reader, "live", False) else spec["slots"]
+                ring = Ring.create(max(2, min(wanted, spec["budget"] // slot_bytes)), slot_bytes, spec["folders"])
                 if ring is None:
                     reader.close()
                     say("E", f"no room for {spec['slots']} decoded frames of {w}x{h} in {' or '.join(spec['folders'])}")
                     return 0
                 free, named = deque(range(ring.slots)), ring.path
-            say("I", fps, count, h, w, ring.slots, named, reader.layout)
+            live = bool(getattr(reader, "live", False))
+            say("I", fps, count, h, w, ring.slots, named, reader.layout, live)
             # Where this video's run ends: --max-frames, or --end by the parent's reckoning of frame times.
             rate = fps if 0 < fps < 1000 else 30.0
             index = int(round(video["start"] * rate)) if video["start"] > 0 else 0
             end, limit = video.get("end"), video.get("max_frames")
-            pending, produced, dropped = first, 0, 0
-            live = is_stream_url(video["source"]) or isinstance(video["source"], int)
+            pending, produced, dropped, slot = first, 0, 0, None
             try:
                 while in_run(produced, index, rate, limit, end):
                     if live:  # take the slots handed back so far, without waiting
@@ -374,6 +382,7 @@ def main(spec_json: str) -> int:
                             if reader.read(lambda fh, fw: None) is None:
                                 break
                             dropped += 1
+                            index += 1  # (its time passes: --end counts the stream's time)
                             continue
                     while not free:
                         if not take_back():  # the parent has gone
@@ -397,15 +406,19 @@ def main(spec_json: str) -> int:
                     if frame.nbytes > ring.slot_bytes:  # the video grew: this frame goes through the pipe
                         say("B", h, w, seconds, reader.time, frame.tobytes())
                         free.appendleft(slot)
+                        slot = None
                         continue
                     target = ring.view(slot, frame.shape)
                     if frame.ctypes.data != target.ctypes.data:
                         np.copyto(target, frame)
                     say("F", slot, h, w, seconds, reader.time)
+                    slot = None  # the parent's until it hands it back
                 say("D", produced, reader.declared, reader.damaged, dropped)
             except BrokenPipeError:
                 raise
             except Exception as exc:  # one message for the parent to report; the next video goes on
+                if slot is not None:  # taken, never handed over: still free
+                    free.appendleft(slot)
                 say("E", f"{type(exc).__name__}: {exc}".replace("\n", " "))
             finally:
                 reader.close()

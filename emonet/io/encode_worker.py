@@ -91,6 +91,8 @@ def main() -> int:
         kind = message[0]
         if kind == "open":
             spec = message[1]
+            if ring is not None:  # made ahead for another frame size: given up for this one
+                ring.close()
             ring = Ring.attach(spec["ring"], spec["slots"])
             w, h = spec["size"]
             say("mapped", spec["ring"])

@@ -37,13 +37,24 @@ def send(stream: BinaryIO, message) -> None:
     stream.flush()
 
 
+def _read(stream: BinaryIO, size: int) -> bytes:
+    """``size`` bytes, or fewer once the stream has ended (an unbuffered pipe returns what has come)."""
+    data = b""
+    while len(data) < size:
+        part = stream.read(size - len(data))
+        if not part:
+            break
+        data += part
+    return data
+
+
 def receive(stream: BinaryIO):
     """The next message :func:`send` wrote, or None once the stream has ended (the writer has gone)."""
-    header = stream.read(4)
+    header = _read(stream, 4)
     if len(header) < 4:
         return None
     size = struct.unpack(">I", header)[0]
-    data = stream.read(size)
+    data = _read(stream, size)
     if len(data) < size:
         return None
     return pickle.loads(data)

@@ -143,6 +143,7 @@ class _Decoder:
         self.pin = pin
         self.source: Union[str, int, None] = None
         self.ring: Optional[ipc.Ring] = None
+        self.live = False  # the current video is read as it comes (from its header)
         self.at_end = True  # every message of the current video has been read
         self.ending: Optional[Ending] = None  # the current video's, once read to its end
 
@@ -162,7 +163,7 @@ class _Decoder:
             raise InputError(f"{source}: not a video FFmpeg or OpenCV can open (not a video, corrupt, or an unknown codec)")
         if message[0] != "I":
             raise InputError(f"{source}: decoding could not start ({self._why(message)})")
-        _, fps, count, h, w, slots, path, self.layout = message
+        _, fps, count, h, w, slots, path, self.layout, self.live = message
         self.fps, self.frame_count = float(fps), int(count)
         self.shape = (int(h), int(w), 3)
         self.at_end = False
@@ -324,9 +325,11 @@ class VideoReader:
         self.frames_read = 0
         self.ending: Optional[Ending] = None  # how the frames ended, once read to the end
         self._camera = camera
-        self.live = camera or url  # frames as they come: dropped (and counted) when the analysis is behind
-        self._url = url
-        self._queue: "queue.Queue[Optional[Frame]]" = queue.Queue(maxsize=queue_size)
+        # Frames as they come (a camera, a network stream without a duration): dropped (and counted) when the
+        # analysis is behind, a few held at most.
+        self.live = bool(getattr(header, "live", False))
+        self._url = url and self.live
+        self._queue: "queue.Queue[Optional[Frame]]" = queue.Queue(maxsize=2 if self.live else queue_size)
         self._stop = threading.Event()
         self._done = threading.Event()  # _run has ended: this video's frames are all taken from the decoder
         self._error: Optional[BaseException] = None
@@ -468,7 +471,7 @@ class VideoReader:
             self._decoder.release(slot)
             if frame is not None:
                 self._put(frame)
-            elif len(group) == CONVERT_FRAMES:
+            elif len(group) == CONVERT_FRAMES or self.live:  # a live frame goes on at once
                 convert()
             index += 1
         convert()

@@ -14,17 +14,21 @@ stream's state lives on its connection, so replicas scale behind any load balanc
 from __future__ import annotations
 
 import asyncio
+import io
 import statistics
 import time
+from collections import deque
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 from dataclasses import dataclass
 from importlib import resources
 from typing import Optional
 
 import cv2
 import numpy as np
-from fastapi import FastAPI, File, HTTPException, UploadFile, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, File, HTTPException, Request, UploadFile, WebSocket, WebSocketDisconnect
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from PIL import Image
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..pipeline import Pipeline
@@ -43,6 +47,8 @@ class ServeConfig:
     max_batch: int = 32                   # images per GPU batch
     max_delay_ms: float = 4.0             # how long the batcher waits for more images after the first
     smooth: bool = True                   # streams: temporal smoothing per face (spec §6)
+    max_pending: int = 128                # analyze requests in flight at once; beyond, 503 "busy"
+    idle_seconds: float = 60.0            # a stream that sends nothing this long is closed
 
 
 class BadImage(ValueError):
@@ -50,17 +56,22 @@ class BadImage(ValueError):
 
 
 def decode_image(data: bytes, config: ServeConfig) -> np.ndarray:
-    """RGB ``(H, W, 3)`` uint8 of JPEG or PNG bytes; :class:`BadImage` saying what is wrong."""
+    """RGB ``(H, W, 3)`` uint8 of JPEG or PNG bytes; :class:`BadImage` saying what is wrong. The size is read
+    from the header first: a small file of huge dimensions is refused before anything is decoded."""
     if len(data) > config.max_image_bytes:
         raise BadImage(f"the image is {len(data)} bytes; at most {config.max_image_bytes} are taken")
     if not (data.startswith(b"\xff\xd8\xff") or data.startswith(b"\x89PNG\r\n\x1a\n")):
         raise BadImage("not a JPEG or PNG image")
-    header = np.frombuffer(data, np.uint8)
-    bgr = cv2.imdecode(header, cv2.IMREAD_COLOR)
+    try:
+        with Image.open(io.BytesIO(data)) as header:  # reads the header only
+            width, height = header.size
+    except (OSError, SyntaxError, ValueError):
+        raise BadImage("the image could not be decoded (truncated or corrupt)") from None
+    if width * height > config.max_pixels:
+        raise BadImage(f"the image is {width}x{height}; at most {config.max_pixels} pixels are taken")
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     if bgr is None:
         raise BadImage("the image could not be decoded (truncated or corrupt)")
-    if bgr.shape[0] * bgr.shape[1] > config.max_pixels:
-        raise BadImage(f"the image is {bgr.shape[1]}x{bgr.shape[0]}; at most {config.max_pixels} pixels are taken")
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
@@ -96,7 +107,13 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
     names = engine.class_names
     metrics = Metrics()
     about = {**provenance(engine), "untrained": engine.untrained, "detector": pipeline.detector.name}
-    state = {"batcher": None, "streams": 0}
+    state = {"batcher": None, "streams": 0, "pending": 0}
+    # Decoding takes memory (up to max_pixels x 3 bytes an image): a few at a time, whoever sends them.
+    decoding = asyncio.Semaphore(4)
+
+    async def decode(data: bytes) -> np.ndarray:
+        async with decoding:
+            return await asyncio.to_thread(decode_image, data, config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -109,6 +126,18 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
     app = FastAPI(title="emonet", summary="EmoNet: expression, valence, arousal and landmarks of faces",
                   lifespan=lifespan)
 
+    @app.middleware("http")
+    async def bounded(request: Request, call_next):
+        # The upload is refused by its declared length before it is read (multipart parsing would spool it).
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > config.max_image_bytes + (64 << 10):
+            metrics.requests.labels("413").inc()
+            return JSONResponse({"detail": f"the request is {length} bytes; at most {config.max_image_bytes} "
+                                           f"are taken for an image"}, status_code=413)
+        if request.url.path == "/v1/analyze" and length is None:
+            return JSONResponse({"detail": "send the image with its Content-Length"}, status_code=411)
+        return await call_next(request)
+
     async def analyse(image: np.ndarray, stream: Optional[StreamState] = None) -> list[dict]:
         faces = await asyncio.wrap_future(state["batcher"].submit(image, stream))
         return [face_record(face, names) for face in faces]
@@ -120,14 +149,21 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
     @app.post("/v1/analyze")
     async def analyze(image: UploadFile = File(...)) -> JSONResponse:
         t0 = time.perf_counter()
-        data = await image.read(config.max_image_bytes + 1)
+        if state["pending"] >= config.max_pending:
+            metrics.requests.labels("503").inc()
+            raise HTTPException(503, f"the server is busy ({config.max_pending} requests in hand); try again shortly")
+        state["pending"] += 1
         try:
-            rgb = await asyncio.to_thread(decode_image, data, config)
-        except BadImage as exc:
-            status = 413 if "at most" in str(exc) else 400
-            metrics.requests.labels(str(status)).inc()
-            raise HTTPException(status, f"{image.filename or 'image'}: {exc}") from None
-        faces = await analyse(rgb)
+            data = await image.read(config.max_image_bytes + 1)
+            try:
+                rgb = await decode(data)
+            except BadImage as exc:
+                status = 413 if "at most" in str(exc) else 400
+                metrics.requests.labels(str(status)).inc()
+                raise HTTPException(status, f"{image.filename or 'image'}: {exc}") from None
+            faces = await analyse(rgb)
+        finally:
+            state["pending"] -= 1
         metrics.requests.labels("200").inc()
         metrics.latency.labels("analyze").observe(time.perf_counter() - t0)
         return JSONResponse({"faces": faces, "width": rgb.shape[1], "height": rgb.shape[0],
@@ -135,6 +171,11 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
 
     @app.websocket("/v1/stream")
     async def stream(socket: WebSocket) -> None:
+        origin = socket.headers.get("origin")
+        if origin and urlsplit(origin).netloc != socket.headers.get("host"):
+            # Another site's page in a browser on this machine: not this service's own page.
+            await socket.close(code=1008, reason="cross-origin streams are refused")
+            return
         await socket.accept()
         if state["streams"] >= config.max_streams:
             metrics.streams_refused.inc()
@@ -145,10 +186,15 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
         state["streams"] += 1
         metrics.streams.inc()
         track = StreamState(smooth=config.smooth)
-        start, index, first, steady = time.perf_counter(), 0, None, []
+        start, index, first = time.perf_counter(), 0, None
+        steady: deque = deque(maxlen=300)  # the steady state: the median of the last 300 frames
         try:
             while True:
-                message = await socket.receive()
+                try:
+                    message = await asyncio.wait_for(socket.receive(), config.idle_seconds)
+                except asyncio.TimeoutError:
+                    await socket.close(code=1001, reason=f"nothing sent for {config.idle_seconds:g} s")
+                    break
                 if message["type"] == "websocket.disconnect":
                     break
                 received = time.perf_counter()
@@ -157,20 +203,23 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
                 try:
                     if data is None:
                         raise BadImage("send each frame as one binary message (JPEG or PNG bytes)")
-                    rgb = await asyncio.to_thread(decode_image, data, config)
+                    rgb = await decode(data)
                     reply["faces"] = await analyse(rgb, track)
                     reply.update(width=rgb.shape[1], height=rgb.shape[0])
                     metrics.frames.labels("ok").inc()
                 except BadImage as exc:
                     reply["error"] = str(exc)
                     metrics.frames.labels("bad").inc()
+                except Exception as exc:  # noqa: BLE001 - the analysis failed for this frame: said, and on
+                    reply["error"] = f"the analysis failed: {type(exc).__name__}: {exc}"
+                    metrics.frames.labels("failed").inc()
                 latency = (time.perf_counter() - received) * 1e3
                 if first is None:
                     first = latency
                 else:
                     steady.append(latency)
                 reply.update(latency_ms=round(latency, 3), first_latency_ms=round(first, 3),
-                             steady_latency_ms=round(statistics.median(steady[-300:]), 3) if steady else None)
+                             steady_latency_ms=round(statistics.median(steady), 3) if steady else None)
                 metrics.latency.labels("stream").observe(latency / 1e3)
                 await socket.send_json(reply)
                 index += 1

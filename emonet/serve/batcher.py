@@ -88,14 +88,19 @@ class Batcher:
             t0 = time.perf_counter()
             try:
                 results = self._analyse(jobs)
-            except Exception as exc:  # noqa: BLE001 - every waiting client hears of it; the server goes on
+            except Exception:  # noqa: BLE001 - one image's failure is its own: each is tried alone
+                results = []
                 for job in jobs:
-                    job.future.set_exception(exc)
-                continue
+                    try:
+                        results.append(self._analyse([job])[0])
+                    except Exception as exc:  # noqa: BLE001 - its client hears of it; the server goes on
+                        job.future.set_exception(exc)
+                        results.append(None)
             faces = 0
             for job, found in zip(jobs, results):
-                job.future.set_result(found)
-                faces += len(found)
+                if found is not None:
+                    job.future.set_result(found)
+                    faces += len(found)
             if self._on_batch is not None:
                 self._on_batch(len(jobs), faces, time.perf_counter() - t0)
 
@@ -116,7 +121,9 @@ class Batcher:
             state.frames += 1
             tracks = state.tracker.update(np.asarray([np.append(f.box, f.score) for f in faces]).reshape(-1, 5), frame)
             for f in faces:  # each detection's track: the one the tracker matched it to on this frame
-                track = next(t for t in tracks if t.det_frame == frame and np.array_equal(t.det_box, f.box))
+                track = next((t for t in tracks if t.det_frame == frame and np.array_equal(t.det_box, f.box)), None)
+                if track is None:  # (every detection is matched or new on its frame; never reached)
+                    raise RuntimeError("a detection without its track")
                 planned.append(PlannedFace(i, frame, track.id, f.box, f.score, True, f.matrix))
                 smoothers.append(track.smoother if state.smooth else None)
         results = pipeline.collect(pipeline.launch(images, planned), smoothers)

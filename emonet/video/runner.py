@@ -46,6 +46,7 @@ class PipelineLoader:
         self.pipeline: Optional[Pipeline] = None
         self._thread: Optional[threading.Thread] = None
         self._messages: list[str] = []
+        self._holding = False
         self._error: Optional[BaseException] = None
 
     def _build(self, log: Callable[[str], None], shape: tuple = (720, 1280, 3)) -> None:
@@ -57,12 +58,21 @@ class PipelineLoader:
         self.pipeline = Pipeline(engine, detector, max_faces=config.max_faces)
         self.pipeline.warmup(shape, log)
 
+    def _log(self, message: str) -> None:
+        """Held until the first call (then said in order); said at once after."""
+        if self._holding:
+            self._messages.append(message)
+        else:
+            print(message, file=sys.stderr)
+
     def start(self) -> None:
         """Start building the pipeline in a thread of its own (once)."""
         if self.pipeline is None and self._thread is None:
+            self._holding = True
+
             def build() -> None:
                 try:
-                    self._build(self._messages.append)
+                    self._build(self._log)
                 except BaseException as exc:  # raised by the first call, where the caller is
                     self._error = exc
 
@@ -83,6 +93,8 @@ class PipelineLoader:
             self._thread = None
             for message in self._messages:
                 print(message, file=sys.stderr)
+            self._messages.clear()
+            self._holding = False
             if self._error is not None:
                 raise self._error
         if self.pipeline is None:

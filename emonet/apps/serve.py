@@ -5,6 +5,7 @@ import argparse
 import signal
 import socket
 import sys
+import warnings
 from typing import Optional
 
 from ..build import build_detector, build_engine
@@ -90,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: None)
     # A WebSocket message may be an image of the largest size taken, and a client may have two frames in
     # flight: beyond, its reading waits (what a client makes the server hold stays bounded).
+    # (uvicorn's newer "websockets-sansio" has no queue bound yet: the legacy one, and its notice silenced.)
+    warnings.filterwarnings("ignore", message="The `websockets` implementation is deprecated")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, ws="websockets",
                 ws_max_size=config.max_image_bytes + (64 << 10), ws_max_queue=2)
     print("emonet-serve: stopped", file=sys.stderr)

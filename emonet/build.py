@@ -2,12 +2,12 @@
 the Python API and the evaluation share. The command-line tools turn their arguments into these options."""
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
 import torch
 
+from .cli import say
 from .detection import create_detector
 from .engine import PRESETS, Engine, EngineConfig
 from .engine.config import CPU_BF16, CPU_FP32
@@ -51,7 +51,7 @@ def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
     """Configure the runtime, load the weights and build the engine the options ask for (``auto`` is ready at
     once: what makes it faster is prepared in the background); ``log`` takes its messages (default: standard
     error)."""
-    log = log or (lambda message: print(message, file=sys.stderr))
+    log = log or say
     precision = options.precision
     if options.deterministic and precision not in ("auto", "fp32"):
         raise DeviceError(f"--deterministic computes in fp32: drop --precision {precision}")

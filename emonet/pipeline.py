@@ -11,7 +11,6 @@ own frame's box and score, whatever the batch size.
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
@@ -20,6 +19,7 @@ import cv2
 import numpy as np
 import torch
 
+from .cli import say
 from .detection import FaceDetector
 from .detection.base import view_around
 from .detection.whole import WholeImageDetector
@@ -187,7 +187,7 @@ class Pipeline:
         torch.cuda.synchronize(self.engine.device)
         seconds = time.perf_counter() - t0
         what = "first kernels" if self.engine.config.background else "detector autotuning, first kernels"
-        (log or (lambda message: print(message, file=sys.stderr)))(f"pipeline warm-up ({what}): {seconds:.2f} s")
+        (log or say)(f"pipeline warm-up ({what}): {seconds:.2f} s")
         return seconds
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 import numpy as np
 import torch
+
+from .cli import say
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 _DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -50,8 +51,7 @@ def select_device(requested: Union[str, torch.device, None] = None, quiet: bool 
         if torch.cuda.is_available():
             return torch.device("cuda:0")
         if not quiet:
-            (log or (lambda message: print(message, file=sys.stderr)))(
-                "warning: no CUDA GPU found; running on the CPU (much slower)")
+            (log or say)("warning: no CUDA GPU found; running on the CPU (much slower)")
         return torch.device("cpu")
     try:
         device = torch.device(requested)

@@ -133,3 +133,11 @@ def small_faces_scene(widths=(40, 60, 90), places=((300, 700), (1000, 200), (150
         ox, oy = x - max(fx - pad, 0), y - max(fy - pad, 0)
         truth.append(FACE * s + [ox, oy, ox, oy])
     return scene, truth
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a server or sender the test starts)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -17,6 +17,8 @@ from PIL import Image
 import numpy as np
 import pytest
 
+from .conftest import free_port
+
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 from websockets.sync.client import connect  # noqa: E402
@@ -25,12 +27,6 @@ pytestmark = pytest.mark.slow  # a server in a process of its own
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTO = ROOT / "emonet" / "engine" / "astronaut.jpg"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(*extra: str) -> tuple[subprocess.Popen, str]:

@@ -1,13 +1,14 @@
 """Where frames come from (emonet.video.sources): a live network stream read as it comes, through the video tool."""
 import csv
 import json
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from .conftest import free_port
 
 pytestmark = pytest.mark.slow  # the tool and a sender in processes of their own
 
@@ -31,12 +32,6 @@ SENDER = """if True:
         out.mux(packet)
     out.close()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_live_tcp_stream_gives_a_row_per_frame_analysed_and_counts_the_frames_dropped(tmp_path):

@@ -13,13 +13,13 @@ landmarks decoded on the device, expression logits, valence and arousal; the hea
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from dataclasses import replace
 from typing import Dict, Optional
 
 import torch
 
+from ..cli import say
 from ..models import EmoNet
 from ..runtime import RuntimeConfig
 from . import precompile
@@ -41,7 +41,7 @@ class Engine:
     def __init__(self, model: EmoNet, device: torch.device | str, config: EngineConfig = EngineConfig(),
                  log=None) -> None:
         self.device = torch.device(device)
-        self._log = log or (lambda msg: print(msg, file=sys.stderr))
+        self._log = log or say
         if config.fixed_batch:
             config = replace(config, batch_sizes=(config.fixed_batch,))
         self.config = self._available(config)

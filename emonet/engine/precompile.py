@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
+
+from ..cli import say
 
 
 def available() -> bool:
@@ -52,7 +53,7 @@ class Precompiled:
         self.mark = mark
         self.folder = Path(folder)
         self.options = {**compile_options, "fullgraph": True}
-        self._log = log or (lambda msg: print(msg, file=sys.stderr))
+        self._log = log or say
         self._entries: Optional[list] = None  # loaded lazily: a process that never calls pays nothing
         self.loaded = self.compiled = 0         # how many artifacts came from disk, and were compiled here
 

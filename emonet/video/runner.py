@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from ..build import build_detector, build_engine
+from ..cli import say
 from ..drawing.process import DrawnVideo
 from ..errors import InputError, OutputError
 from ..io.video import Frame
@@ -63,7 +64,7 @@ class PipelineLoader:
         if self._holding:
             self._messages.append(message)
         else:
-            print(message, file=sys.stderr)
+            say(message)
 
     def start(self) -> None:
         """Start building the pipeline in a thread of its own (once)."""
@@ -98,7 +99,7 @@ class PipelineLoader:
             if self._error is not None:
                 raise self._error
         if self.pipeline is None:
-            self._build(lambda message: print(message, file=sys.stderr), shape)
+            self._build(say, shape)
         return self.pipeline
 
 

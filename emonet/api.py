@@ -37,11 +37,7 @@ class Reader:
                                     detector=detector, min_score=min_score)
         self.batch_size = batch_size  # a video's chunk: the video tool's default, so the rows are the same
         engine_ = build_engine(self.options, batch_sizes=tuple(sorted({1, 4, batch_size})))
-        self.pipeline = Pipeline(engine_, build_detector(self.options, engine_))
-        # Video frames are read as the video tool reads them (its detector: the whole frame, no close look;
-        # with small_faces, as --small-faces: made on first use).
-        self._video_pipeline = Pipeline(engine_, build_detector(self.options, engine_, video=True))
-        self._small_faces_pipeline: Optional[Pipeline] = None
+        self.pipeline = Pipeline(engine_, build_detector(self.options, engine_))  # photos' and videos' alike
         self.class_names: list[str] = list(engine_.class_names)
 
     def images(self, images: Sequence[np.ndarray]) -> list[list[FaceResult]]:
@@ -49,23 +45,15 @@ class Reader:
         return self.pipeline(list(images))
 
     def video(self, source: Union[str, int, Iterable[np.ndarray]], detect_every: int = 5, smooth: bool = True,
-              max_frames: Optional[int] = None, small_faces: bool = False, fps: float = 30.0) -> Iterator[FrameFaces]:
+              max_frames: Optional[int] = None, fps: float = 30.0) -> Iterator[FrameFaces]:
         """Every frame of a video file, camera index or numbered images (``"frames/%04d.png"``), or of RGB
         ``(H, W, 3)`` uint8 frames handed in (timestamps ``index / fps``), with its faces, tracked with stable
-        ids (``small_faces``: as ``emonet-video --small-faces``); the rows ``emonet-video`` writes for it."""
-        from .build import build_detector
-        from .pipeline import Pipeline
+        ids; the rows ``emonet-video`` writes for it."""
         from .video import ArraySource, VideoConfig, VideoInput, open_source, run_videos
 
-        if small_faces and self._video_pipeline.detector.name != "blazeface":
-            raise ValueError("small_faces needs the blazeface detector")
-        if small_faces and self._small_faces_pipeline is None:
-            engine = self.pipeline.engine
-            self._small_faces_pipeline = Pipeline(engine, build_detector(self.options, engine, video=True,
-                                                                         small_faces=True))
-        pipeline = self._small_faces_pipeline if small_faces else self._video_pipeline
+        pipeline = self.pipeline
         config = VideoConfig(model=self.options, batch_size=self.batch_size, detect_every=detect_every,
-                             smooth=smooth, small_faces=small_faces, max_frames=max_frames)
+                             smooth=smooth, max_frames=max_frames)
         if isinstance(source, (str, int)):
             # Results only, never pixels: on a GPU the frames stay there (no host copy of each one is made).
             opened = lambda: open_source(source, config, pipeline.engine.device)  # noqa: E731

@@ -99,17 +99,13 @@ def engine_config(preset: str, device: torch.device, deterministic: bool = False
     return config
 
 
-def build_detector(options: ModelOptions, engine: Engine, video: bool = False, small_faces: bool = False):
-    """The detector the options ask for, on the engine's device. For photos, BlazeFace also searches
-    overlapping tiles of a large image (small faces) and looks at each candidate again close up (no face-like
-    thing passes). For video it sees each frame whole, without the close look, for speed; ``small_faces``
-    adds the close look, and the tracker then says which frames get the tile search and where followed faces
-    are looked for again (:class:`emonet.pipeline.VideoPipeline`)."""
+def build_detector(options: ModelOptions, engine: Engine):
+    """The detector the options ask for, on the engine's device, the same for photos and video frames. BlazeFace
+    also sees a large image in its fine view (small faces) and looks at each candidate again close up (no
+    face-like thing passes)."""
     min_score, name = options.min_score, options.detector
     kwargs = {"min_score": min_score} if min_score is not None and name != "none" else {}
     if name == "blazeface":
         kwargs["cuda_graphs"] = engine.config.cuda_graphs
         kwargs["background"] = engine.config.background  # its graphs too, while the first frames run eagerly
-        kwargs["tiles"] = not video
-        kwargs["verify"] = not video or small_faces
     return create_detector(name, engine.device, **kwargs)

@@ -21,9 +21,9 @@ import torch
 
 from .cli import say
 from .detection import FaceDetector
-from .detection.base import view_around
 from .detection.whole import WholeImageDetector
 from .engine import Engine
+from .engine.graphs import synchronize
 from .geometry import CROP_SIZE, box_to_matrix, crop_frames, crop_to_image, landmarks_box, to_tensor
 from .results import FaceResult
 from .tracking import Tracker
@@ -184,31 +184,11 @@ class Pipeline:
             self.detector.warmup(shape)
         h, w = shape[:2]
         self([np.zeros(shape, np.uint8)], boxes=[np.array([[w / 4, h / 4, w / 2, h / 2, 1.0]])])
-        torch.cuda.synchronize(self.engine.device)
+        synchronize(self.engine.device)
         seconds = time.perf_counter() - t0
         what = "first kernels" if self.engine.config.background else "detector autotuning, first kernels"
         (log or say)(f"pipeline warm-up ({what}): {seconds:.2f} s")
         return seconds
-
-
-# In video, the detector sees every detection frame whole. With small_faces (and a detector that looks at
-# every candidate close up, see emonet.build.build_detector), it also looks at each followed face that is
-# small in the frame (narrower than SMALL_FACE of its long side, which the whole frame shrunk to the
-# network's input shows too small) in a view of its own around it, and every SEARCH_EVERY frames, counted
-# from the first, it searches the whole frame in tiles for new faces, small ones included. Tiles on every
-# detection frame would cost several times the whole analysis of a frame; the views and the close look
-# cost about a third of the video's speed on a GPU (docs/PERFORMANCE.md), hence a choice.
-SEARCH_EVERY = 60
-SMALL_FACE = 0.1
-
-
-def _small(box: np.ndarray, shape: tuple) -> bool:
-    return max(box[2] - box[0], box[3] - box[1]) < SMALL_FACE * max(shape[:2])
-
-
-def _seen(track) -> np.ndarray:
-    """Where the detector last saw a track's face."""
-    return track.det_box if track.det_box is not None else track.box
 
 
 @dataclass
@@ -236,15 +216,10 @@ class VideoPipeline:
     """
 
     def __init__(self, pipeline: Pipeline, detect_every: int = 5, smooth: bool = True,
-                 tracker: Optional[Tracker] = None, small_faces: bool = False,
-                 search_every: int = SEARCH_EVERY) -> None:
+                 tracker: Optional[Tracker] = None) -> None:
         self.pipeline = pipeline
         self.engine, self.detector = pipeline.engine, pipeline.detector
         self.detect_every = detect_every
-        self.small_faces = small_faces
-        self.search_every = search_every
-        self.last_search: Optional[int] = None  # the frame of the last full search
-        self._looked: dict[int, tuple[bool, list]] = {}  # detection frame -> (full search, views) asked for
         self.smooth = smooth
         self.tracker = tracker or Tracker()
         self.need_detection = True
@@ -255,38 +230,11 @@ class VideoPipeline:
         gpu = self.engine.device.type == "cuda"
         self.det_stream = torch.cuda.Stream(self.engine.device, priority=-1) if gpu else None
 
-    def _launch_detector(self, frames: list, search: Optional[list[bool]] = None):
-        search = search if search is not None else [False] * len(frames)
-        # A view around each followed face that the whole frame shows too small, where the detector last saw
-        # it (landmarks between detections can be poor; the view is wide enough for the face to move); what
-        # each frame gets is kept, so that a face not looked for is no miss.
-        regions = []
-        for frame, full in zip(frames, search):
-            seen = [_seen(t) for t in self.tracker.tracks] if self.small_faces else []
-            regions.append([view_around(box, frame.shape) for box in seen if _small(box, frame.shape)])
-            if self.small_faces:
-                self._looked[frame.index] = (full, regions[-1])
+    def _launch_detector(self, frames: list):
         if self.det_stream is None:
-            return self.detector.launch([f.image for f in frames], search=search, regions=regions)
+            return self.detector.launch([f.image for f in frames])
         with torch.cuda.stream(self.det_stream):
-            return self.detector.launch([f.on_device(self.engine.device, self.det_stream) for f in frames],
-                                        search=search, regions=regions)
-
-    def _looked_at(self, frame) -> Optional[Callable]:
-        """Whether the detector looked where a track's face could be seen on ``frame``: the whole frame shows
-        faces that are not small, a full search or a view around it the small ones (None: it saw every face
-        it could, the frame whole)."""
-        if not self.small_faces:
-            return None
-        full, regions = self._looked.pop(frame.index, (False, []))
-
-        def looked_at(track) -> bool:
-            box = _seen(track)
-            if full or not _small(box, frame.shape):
-                return True
-            cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
-            return any(x <= cx <= x + side and y <= cy <= y + side for x, y, side in regions)
-        return looked_at
+            return self.detector.launch([f.on_device(self.engine.device, self.det_stream) for f in frames])
 
     def _collect_detector(self, handle) -> list:
         # On the detector's stream: its close look at the candidates (more network work) must not queue
@@ -299,24 +247,14 @@ class VideoPipeline:
 
         Every ``detect_every``-th frame of the video, counted from its first, whatever the chunks; and the
         next frame whenever a face was lost or its landmarks broke their bounds (:func:`emonet.tracking.bound_box`).
-        With ``small_faces``, the first periodic detection frame, and the first one ``search_every`` frames or
-        more after the last such, also get the full search for new and small faces (the same frames at any
-        chunk size).
         """
-        flags, search = [], []
+        flags = []
         for _ in chunk:
-            periodic = self.seen % self.detect_every == 0
-            flags.append(self.need_detection or periodic)
-            if flags[-1]:
-                full = self.small_faces and periodic and (self.last_search is None
-                                                          or self.seen - self.last_search >= self.search_every)
-                search.append(full)
-                if full:
-                    self.last_search = self.seen
+            flags.append(self.need_detection or self.seen % self.detect_every == 0)
             self.seen += 1
             self.need_detection = False
         picked = [f for f, d in zip(chunk, flags) if d]
-        return flags, (self._launch_detector(picked, search) if picked else None)
+        return flags, (self._launch_detector(picked) if picked else None)
 
     def launch(self, chunk: list, flags: list[bool], handle) -> PendingChunk:
         """Track and plan every frame of the chunk, crop, and queue EmoNet (without waiting for it)."""
@@ -332,9 +270,8 @@ class VideoPipeline:
         for i, (frame, is_det) in enumerate(zip(chunk, flags)):
             if is_det:
                 dets = next(detections)
-                followed = self.tracker.update(dets[:max_faces] if max_faces else dets, frame.index,
-                                               self._looked_at(frame))
-                if max_faces:  # faces not looked for stay followed: those seen on this frame come first
+                followed = self.tracker.update(dets[:max_faces] if max_faces else dets, frame.index)
+                if max_faces:  # those seen on this frame come first
                     followed = sorted(followed, key=lambda t: t.det_frame != frame.index)[:max_faces]
             else:
                 followed = self.tracker.active

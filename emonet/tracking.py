@@ -7,7 +7,7 @@ face is not dragged towards zero as the released model's zero-initialised buffer
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -127,12 +127,9 @@ class Tracker:
         """Tracks matched at the last detection: the faces to predict."""
         return [t for t in self.tracks if t.missed == 0]
 
-    def update(self, detections: np.ndarray, frame: int = 0,
-               looked_at: Optional[Callable[[Track], bool]] = None) -> list[Track]:
+    def update(self, detections: np.ndarray, frame: int = 0) -> list[Track]:
         """Match ``(k, 5)`` detections of frame ``frame`` to tracks (new ids for the unmatched); return the
-        active tracks. ``looked_at(track)``, where given, says whether the detector looked where the track's
-        face could be seen on this frame (a small face only in views around it, say); an unmatched track it
-        did not look at is no miss: it stays as it was."""
+        active tracks."""
         pairs = sorted(((self._affinity(t, d[:4]), ti, di)
                         for ti, t in enumerate(self.tracks) for di, d in enumerate(detections)), reverse=True)
         matched_t, matched_d = set(), set()
@@ -146,7 +143,7 @@ class Tracker:
             t.score, t.missed = float(detections[di][4]), 0
             t.detected_since, t.det_frame = True, frame
         for ti, t in enumerate(self.tracks):
-            if ti not in matched_t and (looked_at is None or looked_at(t)):
+            if ti not in matched_t:
                 t.missed += 1
                 t.landmarks = t.crop_box = None  # stale: a re-found face is re-cropped from its detector box
         self.tracks = [t for t in self.tracks if t.missed <= self.max_missed]

@@ -45,7 +45,7 @@ def test_the_readme_example_runs_as_written(clip, tmp_path):
     assert "face 0" in out.stdout
 
 
-def test_small_faces_are_found_in_video_when_asked_for(tmp_path):
+def test_small_faces_are_found_in_video(tmp_path):
     from emonet.io.writer import VideoWriter
     from emonet.tracking import iou
 
@@ -58,7 +58,5 @@ def test_small_faces_are_found_in_video_when_asked_for(tmp_path):
         writer.write(scene)
     writer.close()
     reader = emonet.Reader(weights="random", device="cpu", batch_size=4)
-    plain = list(reader.video(str(path)))[0].faces
-    small = list(reader.video(str(path), small_faces=True))[0].faces
-    assert not any(iou(f.box, truth[0]) > 0.4 for f in plain)
-    assert any(iou(f.box, truth[0]) > 0.4 for f in small) and any(iou(f.box, truth[1]) > 0.4 for f in small)
+    small = list(reader.video(str(path)))[0].faces
+    assert len(small) == 2 and any(iou(f.box, truth[0]) > 0.4 for f in small) and any(iou(f.box, truth[1]) > 0.4 for f in small)

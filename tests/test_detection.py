@@ -264,32 +264,30 @@ def test_faces_40_px_wide_in_a_1080p_photo_are_found():
         assert any(iou(f, box) > 0.4 for f in found), (box, found)
 
 
-def test_a_view_around_a_small_face_finds_it_without_the_full_search():
-    # What the video tool does between full searches: the whole frame and a view around each small face
-    # it follows. The whole frame alone shows 40- and 60-px faces too small; their views show them well.
-    from emonet.detection.base import view_around
+def test_the_fine_view_finds_small_faces_the_whole_frame_shows_too_small():
+    # The whole 1080p frame shrunk to the network's 256 px shows 40- and 60-px faces at 5 and 8 px: not found.
+    # The fine view runs the network over the whole frame at 0.6 of its size (its anchors laid over the larger
+    # grid) and finds all three, with boxes where they are.
+    from emonet.detection.blazeface import FINE_SCALE
 
     scene, truth = small_faces_scene()
-    detector = BlazeFaceDetector("cpu", tiles=False)
-    assert not len(detector.detect([scene])[0])
-    views = [view_around(box, scene.shape) for box in truth[:2]]
-    assert all(side == int(6 * max(b[2] - b[0], b[3] - b[1])) for (_, _, side), b in zip(views, truth))
-    found = detector.collect(detector.launch([scene], search=[False], regions=[views]))[0]
-    assert len(found) == 2, found
-    for box in truth[:2]:
-        assert any(iou(f, box) > 0.4 for f in found), (box, found)
-    # The full search, asked for per image, finds all three.
-    searched = detector.collect(detector.launch([scene, scene], search=[True, False]))
-    assert [len(f) for f in searched] == [3, 0]
+    whole = BlazeFaceDetector("cpu", tiles=False)
+    assert not len(whole.detect([scene])[0])
+    x, params = whole.fine_view([scene])
+    assert x.shape == (1, 3, 672, 1152) and params == [(FINE_SCALE, 0, 0)]  # padded to whole cells of the grid
+    found = BlazeFaceDetector("cpu").detect([scene])[0]
+    assert len(found) == 3
+    for box in truth:
+        assert any(iou(f, box) > 0.5 for f in found), (box, found)
 
 
-def test_a_view_around_a_box_stays_inside_the_image():
-    from emonet.detection.base import view_around
-
-    assert view_around(np.array([0.0, 0.0, 20.0, 30.0]), (1080, 1920, 3)) == (0, 0, 180)
-    assert view_around(np.array([1900.0, 1000.0, 1920.0, 1080.0]), (1080, 1920, 3)) == (1440, 600, 480)
-    assert view_around(np.array([0.0, 0.0, 200.0, 200.0]), (1080, 1920, 3))[2] == 1080  # at most the short side
-    assert view_around(np.array([500.0, 500.0, 505.0, 505.0]), (1080, 1920, 3))[2] == 64  # at least 64 px
+def test_anchors_of_the_square_input_are_mediapipes_896():
+    anchors = _anchors().numpy()
+    assert anchors.shape == (896, 4)
+    assert np.allclose(anchors[0], [0.5 / 16, 0.5 / 16, 1, 1]) and np.allclose(anchors[511], [15.5 / 16, 15.5 / 16, 1, 1])
+    assert np.allclose(anchors[512], [1 / 16, 1 / 16, 1, 1]) and np.allclose(anchors[-1], [15 / 16, 15 / 16, 1, 1])
+    wide = _anchors(42, 72).numpy()  # a 672 x 1152 input: the same cells, more of them
+    assert wide.shape == (42 * 72 * 2 + 21 * 36 * 6, 4) and wide[:, :2].max() < 72 / 16
 
 
 def test_zoomed_crops_are_square_views_around_a_box_black_beyond_the_image():
@@ -304,3 +302,16 @@ def test_zoomed_crops_are_square_views_around_a_box_black_beyond_the_image():
     first, second = (crops + 1) * 127.5
     assert torch.allclose(first[:, 40:, 40:], torch.tensor(200.0), atol=1) and first[:, :10, :10].abs().max() < 1
     assert torch.allclose(second, torch.tensor(200.0), atol=1)  # wholly inside the image
+
+
+def test_zoomed_crops_of_large_views_are_not_aliased():
+    # A crop 16 times larger than its output, over 1-px stripes: sampled from the pyramid level where its step
+    # is 1-2 pixels (means of 2x2 blocks), its pixels are the stripes' mean, not a beat of black and white.
+    import torch
+
+    from emonet.detection.blazeface import zoomed_crops
+
+    image = np.zeros((1200, 1200, 3), np.uint8)
+    image[:, ::2] = 255
+    crop = (zoomed_crops(image, np.array([[100.0, 100.0, 1100.0, 1100.0]]), (1.0,), 64, torch.device("cpu")) + 1) * 127.5
+    assert abs(float(crop.mean()) - 127.5) < 2 and float(crop.std()) < 3

@@ -5,10 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+from emonet.detection.blazeface import DEFAULT_MIN_SCORE, BlazeFaceDetector
 from emonet.engine import Engine, EngineConfig
 from emonet.geometry import box_to_matrix
-from emonet import pipeline as pipeline_module
-from emonet.detection.blazeface import BlazeFaceDetector
 from emonet.io.video import Frame
 from emonet.pipeline import Pipeline, PlannedFace, VideoPipeline
 from emonet.tracking import iou
@@ -75,48 +74,27 @@ def _video(pipeline: Pipeline, frames: list, chunk: int = 3, **kwargs) -> list[l
     return out
 
 
-@pytest.mark.parametrize("views", [True, False])
-def test_small_faces_are_followed_between_full_searches(reference_model, monkeypatch, views):
-    # Faces 40 and 60 px wide in a 1080p frame: only the full search (frame 0) finds them in the whole frame.
-    # Frame 5, in the same chunk, was queued before that search came back: the detector did not look for
-    # them there, which is no miss, so they stay followed. At frame 10 a view around each, where the tracker
-    # last had it, finds them again with the same ids. Without those views, frame 10 misses them.
-    if not views:  # no face counts as small: no views (and every miss counts); frame 0's full search still runs
-        monkeypatch.setattr(pipeline_module, "SMALL_FACE", 0.0)
+def test_small_faces_are_found_and_followed_in_video(reference_model):
+    # Faces 40 and 60 px wide in a 1080p frame: the detector's fine view finds them on every detection frame
+    # (0, 5, 10), the same ids throughout; between detections they are followed (detected=False).
     scene, truth = small_faces_scene(widths=(40, 60), places=((300, 700), (1000, 200)))
     frames = [Frame(index=i, timestamp=i / 30, host=scene) for i in range(11)]
-    pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)),
-                        BlazeFaceDetector("cpu", tiles=False))
-    results = _video(pipeline, frames, chunk=6, detect_every=5, small_faces=True, search_every=60)
-    first = results[0]
-    assert len(first) == 2 and all(f.detected for f in first)
-    assert all(any(iou(f.box, box) > 0.4 for f in first) for box in truth)
-    if views:
-        assert sorted((f.face_id, f.detected) for f in results[5]) == [(0, False), (1, False)]
-        at_ten = results[10]
-        assert sorted((f.face_id, f.detected) for f in at_ten) == [(0, True), (1, True)]
-        assert all(any(iou(f.box, box) > 0.4 for f in at_ten) for box in truth)
-        capped = Pipeline(pipeline.engine, BlazeFaceDetector("cpu", tiles=False), max_faces=1)
-        assert all(len(faces) == 1 for faces in _video(capped, frames, chunk=6, detect_every=5, small_faces=True))
-    else:
-        assert results[10] == []  # missed at frames 5 and 10: no longer followed
-
-
-def test_without_small_faces_the_whole_frame_alone_is_searched(reference_model):
-    scene, truth = small_faces_scene(widths=(40, 90), places=((300, 700), (1000, 200)))
-    frames = [Frame(index=i, timestamp=i / 30, host=scene) for i in range(2)]
-    pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)),
-                        BlazeFaceDetector("cpu", tiles=False))
-    faces = _video(pipeline, frames, chunk=2, detect_every=5)[0]
-    assert not any(iou(f.box, truth[0]) > 0.4 for f in faces)  # the 40-px face needs --small-faces
+    pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)), BlazeFaceDetector("cpu"))
+    results = _video(pipeline, frames, chunk=6, detect_every=5)
+    for frame in (0, 5, 10):
+        assert sorted((f.face_id, f.detected) for f in results[frame]) == [(0, True), (1, True)], frame
+        assert all(any(iou(f.box, box) > 0.4 for f in results[frame]) for box in truth)
+    assert sorted((f.face_id, f.detected) for f in results[3]) == [(0, False), (1, False)]
+    capped = Pipeline(pipeline.engine, pipeline.detector, max_faces=1)
+    assert all(len(faces) == 1 for faces in _video(capped, frames[:6], chunk=6, detect_every=5))
 
 
 def test_a_video_of_no_face_reports_none_with_the_close_look(reference_model):
-    # With --small-faces the video detector looks at every candidate close up, as the photo tool does: a flower
-    # is no face, even 0.1 under the threshold.
+    # The video detector looks at every candidate close up, as the photo tool does: a flower is no face, even
+    # 0.1 under the threshold.
     datasets = pytest.importorskip("sklearn.datasets", reason="scikit-learn holds the photo")
     flower = np.ascontiguousarray(datasets.load_sample_image("flower.jpg"))
     frames = [Frame(index=i, timestamp=i / 30, host=flower) for i in range(6)]
     pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)),
-                        BlazeFaceDetector("cpu", tiles=False, min_score=0.65))  # 0.1 under the default
+                        BlazeFaceDetector("cpu", min_score=DEFAULT_MIN_SCORE - 0.1))
     assert all(faces == [] for faces in _video(pipeline, frames, detect_every=5))

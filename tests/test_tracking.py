@@ -43,17 +43,6 @@ def test_a_one_frame_detector_miss_keeps_the_id():
     assert tracker.update(face + [3, 0, 3, 0, 0])[0].id == 0
 
 
-def test_a_face_the_detector_did_not_look_for_is_no_miss():
-    tracker = Tracker()  # a track is dropped after two missed detections in a row
-    face = np.array([[10, 10, 60, 70, 0.9]])
-    tracker.update(face, frame=0)
-    for frame in (5, 10, 15):  # the detector looked elsewhere (say, a small face outside every view)
-        (track,) = tracker.update(np.zeros((0, 5)), frame=frame, looked_at=lambda t: False)
-        assert track.id == 0 and track.missed == 0 and track.det_frame == 0
-    tracker.update(np.zeros((0, 5)), frame=20, looked_at=lambda t: True)
-    assert tracker.active == [] and tracker.tracks[0].missed == 1
-
-
 def test_iou():
     assert iou(np.array([0, 0, 10, 10]), np.array([5, 0, 15, 10])) == pytest.approx(50 / 150)
     assert iou(np.array([0, 0, 1, 1]), np.array([2, 2, 3, 3])) == 0.0

@@ -53,16 +53,16 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
                    help="bit-reproducible results: deterministic algorithms, fp32, seeded")
     if detector:
         g.add_argument("--detector", default="blazeface", choices=DETECTORS,
-                       help="blazeface (default; ships with the package, works offline; in photos larger than "
-                            "512 px it also searches overlapping tiles for small faces; in video with --small-faces), sfd (S3FD, the "
+                       help="blazeface (default; ships with the package, works offline; an image or frame over "
+                            "768 px is also seen at 0.6 of its size, so faces from about 40 px wide in 1080p are "
+                            "found), sfd (S3FD, the "
                             "released demo's; downloads its weights on first use) or none (each image is "
                             "already a tight face crop)")
         g.add_argument("--min-score", type=_score, default=None, metavar="S",
                        help="report faces the detector scores at least S, between 0 and 1 (default for "
-                            "blazeface: 0.75 in photos and with --small-faces in video, where each candidate is "
-                            "looked at again close up, chosen on real photos so that no flower, animal, food or "
-                            "object comes within 0.1 of it; 0.7 in video otherwise; 0.5 for sfd); lower it to find faint faces, raise it "
-                            "to drop doubtful ones")
+                            "blazeface: 0.81, where each candidate is looked at again close up, chosen on real "
+                            "photos so that flowers, animals, food and objects stay 0.07-0.1 or more under it; 0.5 for "
+                            "sfd); lower it to find faint faces, raise it to drop doubtful ones")
 
 
 PRECISION_HELP = ("the arithmetic, whatever --engine says (default: auto, the engine's own: fp16 on a GPU, fp32 "

@@ -45,8 +45,9 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     limits.add_argument("--max-image-mb", type=float, default=20.0, metavar="MB",
                         help="largest encoded image or frame taken (default: 20)")
     limits.add_argument("--max-batch", type=int, default=32, metavar="N", help="images per GPU batch (default: 32)")
-    limits.add_argument("--max-delay-ms", type=float, default=4.0, metavar="MS",
-                        help="how long a batch waits for more images after its first (default: 4)")
+    limits.add_argument("--max-delay-ms", type=float, default=0.0, metavar="MS",
+                        help="how long a batch waits for more images after its first (default: 0: no wait; the "
+                             "images that arrive while a batch runs go together in the next)")
     limits.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=True,
                         help="temporal smoothing per face in streams (default: on)")
     add_model_arguments(parser)

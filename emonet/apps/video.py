@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ..cli import ToolParser
+from ..cli import ToolParser, say
 from ..errors import EXIT_CODES
 from ..io import nvdec
 from ..io.decode_worker import is_stream_url
@@ -29,7 +29,7 @@ from .common import add_model_arguments, model_options, run_tool
 def video_config(args: argparse.Namespace) -> VideoConfig:
     """The run the command line asks for."""
     return VideoConfig(model=model_options(args), batch_size=args.batch_size, detect_every=args.detect_every,
-                       smooth=args.smooth, small_faces=args.small_faces, max_faces=args.max_faces,
+                       smooth=args.smooth, max_faces=args.max_faces,
                        start=args.start, end=args.end, max_frames=args.max_frames, decoder=args.decoder,
                        codec=args.codec, landmarks=args.landmarks)
 
@@ -174,12 +174,8 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     run_group.add_argument("--detect-every", type=int, default=5,
                            help="run the face detector every N frames, and whenever a face is lost; in between, "
                                 "crop from the last landmarks (default: 5)")
-    run_group.add_argument("--small-faces", action="store_true",
-                           help="also find and keep faces under a tenth of the frame's long side (from about 40 px "
-                                "in 1080p), and nothing else: the frame is searched in tiles every 60 frames, each "
-                                "small face it follows is looked for in a view around it, and every candidate is "
-                                "looked at again close up, as in photos (threshold 0.75: no flower or cat passes); "
-                                "costs about 40 %% of the speed on a GPU (docs/PERFORMANCE.md, Face detection)")
+    # What --small-faces asked for is the default now: accepted, so that scripts written for it still run.
+    run_group.add_argument("--small-faces", action="store_true", help=argparse.SUPPRESS)
     run_group.add_argument("--decoder", choices=("auto", "cpu", "nvdec"), default="auto",
                            help="where a video file is decoded: auto (default) decodes on the GPU's NVDEC while "
                                 "an annotated video is written, if NVIDIA's PyNvVideoCodec is installed (x264 then "
@@ -203,8 +199,9 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
         parser.error("--decoder nvdec needs NVIDIA's PyNvVideoCodec (pip install PyNvVideoCodec) and an NVIDIA GPU")
     if args.no_video and args.output:
         parser.error("--no-video and --output ask for opposite things: drop one")
-    if args.small_faces and args.detector != "blazeface":
-        parser.error(f"--small-faces needs --detector blazeface ({args.detector} searches each frame its own way)")
+    if args.small_faces:
+        say("note: --small-faces is the default now (faces from about 40 px wide in 1080p, every candidate looked "
+            "at close up): it can be dropped")
     if args.out_dir is not None:
         if args.output or args.csv or args.jsonl:
             parser.error("with --out-dir every output is named after its video: drop --output, --csv and --jsonl "

@@ -113,6 +113,7 @@ CPU_DEFAULT = ["released", "fp32-eager", "bf16-eager"]
 def run_child(args: argparse.Namespace) -> dict:
     """Measure one mode in this (fresh) process and return the numbers."""
     import torch
+    from ..engine.graphs import synchronize
     from ..models.weights import load_model
     from ..engine import Engine, EngineConfig, compare, conditioned_model, real_face_crops, varied_face_crops
     from ..runtime import RuntimeConfig, configure
@@ -124,7 +125,7 @@ def run_child(args: argparse.Namespace) -> dict:
     device = configure(RuntimeConfig(device=args.device, cudnn_benchmark=mode.cudnn_benchmark,
                                      deterministic=mode.deterministic))
     cuda = device.type == "cuda"
-    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    sync = (lambda: synchronize(device)) if cuda else (lambda: None)
     result["import_s"] = time.perf_counter() - t0
 
     t = time.perf_counter()
@@ -189,10 +190,10 @@ def run_child(args: argparse.Namespace) -> dict:
 
 def profile(mode_name: str, batch: int, device: str, weights: str = "random", steps: int = 20) -> str:
     """Kernel count per forward and the top CUDA kernels of one mode at one batch size (torch.profiler)."""
-    import torch
     from torch.profiler import ProfilerActivity, profile as torch_profile
     from ..models.weights import load_model
     from ..engine import Engine, EngineConfig, real_face_crops
+    from ..engine.graphs import synchronize
     from ..runtime import RuntimeConfig, configure
 
     mode = next(m for m in MODES if m.name == mode_name)
@@ -203,11 +204,11 @@ def profile(mode_name: str, batch: int, device: str, weights: str = "random", st
     x = real_face_crops(batch).to(dev)
     for _ in range(3):
         engine(x)
-    torch.cuda.synchronize(dev)
+    synchronize(dev)
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             engine(x)
-        torch.cuda.synchronize(dev)
+        synchronize(dev)
     kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     launches = sum(e.count for e in kernels) / steps
     total = sum(e.device_time_total for e in kernels) / steps
@@ -228,11 +229,12 @@ def warp_benchmark(device: str, repeats: int = 50) -> str:
     import statistics
     import cv2
     import torch
+    from ..engine.graphs import synchronize
     from ..engine.check import SAMPLE_PHOTO
     from ..geometry import box_to_matrix, to_tensor, warp_crops, warp_crops_torch
 
     dev = torch.device(device)
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    sync = (lambda: synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     frame = cv2.resize(cv2.imread(str(SAMPLE_PHOTO)),
                        (1280, 720))
     lines = [f"Crops from a 1280x720 frame on {device} (median of {repeats}; both include the copy to the device)",
@@ -295,7 +297,7 @@ def make_clip(path: Path, width: int = 1280, height: int = 720, frames: int = 30
 def released_way(clip: Path, device: str, output: Optional[Path]) -> float:
     """Frames/s of the released demo's way: decode in the loop; every frame detect, crop, batch-1 fp32 EmoNet."""
     import cv2
-    import torch
+    from ..engine.graphs import synchronize
     from ..models.weights import load_model
     from ..detection.blazeface import BlazeFaceDetector
     from ..drawing import annotate
@@ -323,7 +325,7 @@ def released_way(clip: Path, device: str, output: Optional[Path]) -> float:
             writer.write(annotate(rgb, faces, engine.class_names))
         frames += 1
     if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+        synchronize(dev)
     elapsed = time.perf_counter() - start
     if writer:
         writer.close()
@@ -552,7 +554,6 @@ def job_sweep(device: str, seconds: Sequence[int] = (10, 60, 300, 1800), photos:
                      f"{shortest}-s clip: {released_rate:.1f} frames/s, {n / released_rate:.1f} s for its frames "
                      f"after the model loaded.")
     return "\n".join(lines)
-
 
 
 def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float = 30.0) -> str:

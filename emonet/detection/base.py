@@ -5,7 +5,7 @@ of ``x1, y1, x2, y2, score`` in image pixels, best first. One module per backend
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -14,18 +14,6 @@ from ..geometry import DETECTOR_SHIFT, S3FD_REFERENCE_SCALE, box_to_matrix
 
 class DetectorError(Exception):
     """A detector cannot be set up (weights missing, offline download, ...); the message says what to do."""
-
-
-def view_around(box: np.ndarray, shape: tuple, zoom: float = 6.0, least: int = 64) -> tuple[int, int, int]:
-    """A square view ``(x, y, side)`` ``zoom`` times ``box``'s longer side (at least ``least`` px) around its
-    centre, moved inside the image (and no larger than its short side): where a face already followed is
-    looked for again, at a scale the network sees well however small it is in the whole image."""
-    h, w = shape[:2]
-    side = int(min(max(zoom * max(box[2] - box[0], box[3] - box[1]), least), h, w))
-    cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
-    x = int(np.clip(round(cx - side / 2), 0, w - side))
-    y = int(np.clip(round(cy - side / 2), 0, h - side))
-    return x, y, side
 
 
 class FaceDetector:
@@ -39,15 +27,9 @@ class FaceDetector:
         """Per image, an ``(k, 5)`` array ``x1, y1, x2, y2, score``, best first."""
         raise NotImplementedError
 
-    def launch(self, images: Sequence[np.ndarray], search: Optional[Sequence[bool]] = None,
-               regions: Optional[Sequence[Sequence[tuple[int, int, int]]]] = None):
+    def launch(self, images: Sequence[np.ndarray]):
         """Start detecting; :meth:`collect` returns what :meth:`detect` would. A GPU backend queues its
-        work and returns at once, so the caller can do something else meanwhile; the default just detects.
-
-        Hints a detector that looks at parts of an image may take (the default, which looks at the whole
-        image at every scale, needs neither): ``search[i]``, whether image ``i`` gets the full search for
-        small faces; ``regions[i]``, square views ``(x, y, side)`` of image ``i`` worth a closer look (around
-        faces already followed)."""
+        work and returns at once, so the caller can do something else meanwhile; the default just detects."""
         return self.detect(images)
 
     def collect(self, handle) -> list[np.ndarray]:

@@ -21,13 +21,15 @@ from .base import DetectorError, FaceDetector
 WEIGHTS = Path(__file__).resolve().parent / "blazeface.pth"
 
 
-def _anchors() -> torch.Tensor:
-    """MediaPipe's 896 SSD anchors (x, y, w, h), normalised: 16x16 cells x 2, then 8x8 cells x 6."""
+def _anchors(height: int = 16, width: int = 16) -> torch.Tensor:
+    """MediaPipe's SSD anchors (x, y, w, h) in units of the network's input side: for its square input
+    (``16x16``) 896 of them, 16x16 cells x 2, then 8x8 cells x 6; for a larger input of ``height`` x ``width``
+    cells of the first grid (the network is fully convolutional), the same two grids laid over it."""
     rows = []
-    for grid, per_cell in ((16, 2), (8, 6)):
-        for y in range(grid):
-            for x in range(grid):
-                rows += [[(x + 0.5) / grid, (y + 0.5) / grid, 1.0, 1.0]] * per_cell
+    for cells, per_cell in ((1, 2), (2, 6)):  # cells of 1/16 of the input side, then of 1/8
+        for y in range(height // cells):
+            for x in range(width // cells):
+                rows += [[(x + 0.5) * cells / 16, (y + 0.5) * cells / 16, 1.0, 1.0]] * per_cell
     return torch.tensor(rows, dtype=torch.float32)
 
 
@@ -40,12 +42,18 @@ def decode_blazeface(net, raw_boxes: np.ndarray, raw_scores: np.ndarray, anchors
     per-operation overhead on the CPU (more than the network costs);
     ``tests/test_detection.py`` checks this against the library's own code.
     """
-    clipped = np.clip(raw_scores[..., 0], -net.score_clipping_thresh, net.score_clipping_thresh)
-    scores = (1.0 / (1.0 + np.exp(-clipped.astype(np.float64)))).astype(np.float32)
-    keep = scores >= (net.min_score_thresh if min_score is None else min_score)
+    floor = net.min_score_thresh if min_score is None else min_score
+    # The sigmoid only of the anchors that can pass (a handful of thousands): first a test of the raw score
+    # against the floor's logit, a little under it, then the exact test on the few left.
+    logit = np.log(floor / (1.0 - floor)) - 1e-3 if 0.0 < floor < 1.0 else -np.inf
+    near = raw_scores[..., 0] >= logit
     results = []
-    for i in range(len(raw_boxes)):  # only the anchors that pass: a handful of the 896
-        raw, a = raw_boxes[i][keep[i]].astype(np.float32), anchors[keep[i]].astype(np.float32)
+    for i in range(len(raw_boxes)):
+        rows = np.flatnonzero(near[i])
+        clipped = np.clip(raw_scores[i, rows, 0], -net.score_clipping_thresh, net.score_clipping_thresh)
+        score = (1.0 / (1.0 + np.exp(-clipped.astype(np.float64)))).astype(np.float32)
+        rows, score = rows[score >= floor], score[score >= floor]
+        raw, a = raw_boxes[i][rows].astype(np.float32), anchors[rows].astype(np.float32)
         ax, ay, aw, ah = a[:, 0:1], a[:, 1:2], a[:, 2:3], a[:, 3:4]
         out = np.empty((len(raw), 17), dtype=np.float32)
         xc = raw[:, 0:1] / net.x_scale * aw + ax
@@ -55,7 +63,7 @@ def decode_blazeface(net, raw_boxes: np.ndarray, raw_scores: np.ndarray, anchors
         out[:, 0:1], out[:, 1:2], out[:, 2:3], out[:, 3:4] = yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2
         out[:, 4:16:2] = raw[:, 4::2] / net.x_scale * aw + ax
         out[:, 5:16:2] = raw[:, 5::2] / net.y_scale * ah + ay
-        out[:, 16] = scores[i][keep[i]]
+        out[:, 16] = score
         results.append(out)
     return results
 
@@ -92,21 +100,31 @@ def weighted_nms(detections: np.ndarray, threshold: float) -> np.ndarray:
 
 
 # A face is found in two steps. The 256-px "back" model proposes candidates over the whole image (and its
-# tiles) from CANDIDATE_SCORE; each is then looked at again close up, by the 128-px "front" model, in
-# square crops VERIFY_ZOOMS times the candidate's size around it, and its score is the lowest of those
-# looks (each the best detection covering the crop's centre). A face scores high at both zooms; the
-# face-like things that passed the first model alone (a flower 0.71, a cat 0.77, a dog, a cup) do not. DEFAULT_MIN_SCORE was chosen on real photos with and without faces,
-# leaving every non-face at least 0.1 below it (docs/PERFORMANCE.md, *Face detection*).
+# fine view and tiles) from CANDIDATE_SCORE; each is then looked at again close up, by the 128-px "front" model,
+# in square crops VERIFY_ZOOMS times the candidate's size around it, and its score is the mean of those looks
+# (each the best detection covering the crop's centre). Chosen on real photos with and without faces, and on
+# mosaics of the latter at many scales (docs/PERFORMANCE.md, *Face detection*): with two zooms and their lower
+# look, animals' faces and squashed photos came within 0.03 of the threshold; with three zooms and their mean,
+# the non-faces it was chosen on stay 0.1 under DEFAULT_MIN_SCORE (a dog's face, held out, 0.07) and 166 of 170
+# annotated faces at 40-100 px pass.
 CANDIDATE_SCORE = 0.5
-VERIFY_ZOOMS = (1.8, 2.4)
-DEFAULT_MIN_SCORE = 0.75
+VERIFY_ZOOMS = (1.8, 2.4, 3.0)
+DEFAULT_MIN_SCORE = 0.81
 # Without the close look (verify=False), the first model's own score, the mean over the overlapping
 # detections that pass: from 0.7 a coffee cup did not pass (0.67), a cat's face (0.77) did.
 UNVERIFIED_MIN_SCORE = 0.7
-TILE_MARGIN = 0.1  # unverified: the score a face seen only in a tile needs above min_score
-# Small tiles (384 px) cover images up to this long side (1080p and 1440p frames, most photos): their
-# count grows with the area, and over it a 40-px face is under 1.5 % of the picture's width.
-SMALL_TILES_UP_TO = 2560
+TILE_MARGIN = 0.1  # unverified: the score a face seen only in a tile or the fine view needs above min_score
+# The fine view: an image whose long side is over FINE_FROM (three times the network's input) is also seen
+# whole at FINE_SCALE, at most FINE_MAX_SIDE long, the network run over all of it at once (it is fully
+# convolutional: its anchors are laid over the larger grid). A 40-px face of a 1080p frame is 24 px there.
+# Chosen on real photos (docs/PERFORMANCE.md, *Face detection*): 0.5 to 0.75 found the same faces; 0.6 leaves a
+# margin to the smallest scale that still did. It replaced 45 tiles of 384 px that showed a 1080p frame at 2/3
+# (the same faces, three times the pixels). On smaller images it let a photo of cells reach 0.70.
+FINE_FROM = 3
+FINE_SCALE = 0.6
+FINE_MAX_SIDE = 1536
+# Over this long side (4K frames, scans, mosaics) the image is also searched in overlapping tiles (see tile_grid).
+TILES_FROM = 2560
 
 
 def tile_grid(height: int, width: int, least: int) -> list[tuple[int, int, int]]:
@@ -163,28 +181,48 @@ def _iou(a: np.ndarray, b: np.ndarray) -> float:
 def zoomed_crops(image: Union[np.ndarray, torch.Tensor], boxes: np.ndarray, zooms: Sequence[float], size: int,
                  device: torch.device) -> torch.Tensor:
     """Square crops ``zoom`` times each box's longer side around its centre (black beyond the image), each
-    resized to ``size``: ``(len(boxes) * len(zooms), 3, size, size)`` in [-1, 1] on ``device``, box by box."""
+    resampled to ``size``: ``(len(boxes) * len(zooms), 3, size, size)`` in [-1, 1] on ``device``, box by box.
+
+    All of an image's crops in a few launches: each is sampled bilinearly from the level of a pyramid of
+    2x2 means (the image, halved again and again) where its step is 1 to 2 pixels, so a crop much larger
+    than ``size`` is not aliased; one sampling call per level.
+    """
     frame = image if torch.is_tensor(image) else torch.from_numpy(np.ascontiguousarray(image))
-    frame = frame.to(device, non_blocking=True).permute(2, 0, 1).float()[None]
-    h, w = frame.shape[-2:]
-    out = torch.zeros((len(boxes) * len(zooms), 3, size, size), device=device)
-    k = 0
-    for x1, y1, x2, y2 in boxes:
-        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
-        for zoom in zooms:
-            side = max(zoom * max(x2 - x1, y2 - y1), 2.0)
-            x0, y0, scale = cx - side / 2, cy - side / 2, size / side
-            sx0, sy0 = max(int(np.floor(x0)), 0), max(int(np.floor(y0)), 0)
-            sx1, sy1 = min(int(np.ceil(x0 + side)), w), min(int(np.ceil(y0 + side)), h)
-            # Where that part of the image lands in the crop, whole pixels inside it.
-            tx0 = min(max(int(round((sx0 - x0) * scale)), 0), size - 1)
-            ty0 = min(max(int(round((sy0 - y0) * scale)), 0), size - 1)
-            tx1, ty1 = min(int(round((sx1 - x0) * scale)), size), min(int(round((sy1 - y0) * scale)), size)
-            if sx1 > sx0 and sy1 > sy0 and tx1 > tx0 and ty1 > ty0:
-                out[k, :, ty0:ty1, tx0:tx1] = torch.nn.functional.interpolate(
-                    frame[:, :, sy0:sy1, sx0:sx1], size=(ty1 - ty0, tx1 - tx0), mode="bilinear", antialias=True,
-                    align_corners=False)[0]
-            k += 1
+    level = frame.to(device, non_blocking=True).permute(2, 0, 1).float()[None]
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    zooms = np.asarray(zooms, np.float64)
+    sides = np.maximum(zooms[None, :] * np.maximum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1])[:, None], 2.0)
+    cx = np.repeat((boxes[:, 0] + boxes[:, 2]) / 2, len(zooms))
+    cy = np.repeat((boxes[:, 1] + boxes[:, 3]) / 2, len(zooms))
+    sides = sides.reshape(-1)
+    levels = np.clip(np.floor(np.log2(np.maximum(sides / size, 1.0))), 0, None).astype(int)
+    # Per crop, the affine map from its own coordinates to its level's (grid_sample's: -1 and 1 are the outer
+    # edges of the first and last pixels), uploaded as a few numbers; the sampling grids are made on the device.
+    theta = np.zeros((len(sides), 2, 3), np.float32)
+    out = torch.empty((len(sides), 3, size, size), device=device)
+    for k in range(int(levels.max()) + 1 if len(sides) else 0):
+        if k:
+            level = torch.nn.functional.avg_pool2d(level, 2)  # halves (an odd last row or column is left out)
+        members = np.flatnonzero(levels == k)
+        if not len(members):
+            continue
+        lh, lw = level.shape[-2:]
+        scale = 2.0 ** k  # image pixels per pixel of this level
+        theta[members, 0, 0] = sides[members] / (scale * lw)
+        theta[members, 0, 2] = 2 * cx[members] / (scale * lw) - 1
+        theta[members, 1, 1] = sides[members] / (scale * lh)
+        theta[members, 1, 2] = 2 * cy[members] / (scale * lh) - 1
+        maps = torch.from_numpy(theta[members])
+        if device.type == "cuda":
+            maps = maps.pin_memory().to(device, non_blocking=True)  # no wait for the queue ahead
+        grid = torch.nn.functional.affine_grid(maps, [len(members), 3, size, size], align_corners=False)
+        crops = torch.nn.functional.grid_sample(level.expand(len(members), -1, -1, -1), grid, mode="bilinear",
+                                                padding_mode="zeros", align_corners=False)
+        if len(members) == len(sides):
+            out = crops
+        else:
+            index = torch.from_numpy(members)
+            out[index.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else index] = crops
     return out.div_(127.5).sub_(1.0)  # as the letterbox scales a whole image
 
 
@@ -214,10 +252,12 @@ class BlazeFaceDetector(FaceDetector):
 
     def __init__(self, device: Union[str, torch.device] = "cpu", model: str = "back",
                  weights: Union[str, Path, None] = None, min_score: Optional[float] = None,
-                 cuda_graphs: bool = True, tiles: bool = True, small_tiles: Optional[bool] = None,
-                 verify: Optional[bool] = None, background: bool = False) -> None:
-        """``background``: on a GPU, its CUDA graphs are captured in a thread of their own while the first
-        images run the network eagerly (the same kernels: the same detections), not on first use."""
+                 cuda_graphs: bool = True, tiles: bool = True, verify: Optional[bool] = None,
+                 background: bool = False) -> None:
+        """``tiles``: a large image is also seen in the fine view and, over TILES_FROM, in tiles (small faces);
+        ``verify``: each candidate is looked at close up (default: with the back model); ``background``: on a
+        GPU, its CUDA graphs are captured in a thread of their own while the first images run the network
+        eagerly (the same kernels: the same detections), not on first use."""
         BlazeFace = _blazeface_class()
         if model not in ("back", "front"):
             raise DetectorError(f"BlazeFace model must be 'back' or 'front', not {model!r}")
@@ -231,22 +271,22 @@ class BlazeFaceDetector(FaceDetector):
         self.net.load_state_dict(state[model])
         self.net.to(self.device).eval()
         self.anchors = _anchors().numpy()  # decoding runs on the CPU (see _collect)
+        self._fine_anchors: dict[tuple[int, int], np.ndarray] = {}  # the fine view's, by its input's cells
+        self.background = background
         # The close look (see VERIFY_ZOOMS): the back model's candidates, re-scored by the front model.
         self.verify = model == "back" if verify is None else verify
         self.min_score = float(min_score) if min_score is not None else (
             DEFAULT_MIN_SCORE if self.verify else UNVERIFIED_MIN_SCORE)
         self.size = 256 if model == "back" else 128
         self.max_batch = 16
-        # An image much larger than the network's input is also searched in overlapping tiles, where a
-        # small face is seen at a usable scale; with small_tiles (default: with tiles), an image over
-        # three times the input (and up to SMALL_TILES_UP_TO) also in tiles of 1.5 times it, where a
-        # 40-px face of a 1080p frame is seen at 27 px.
+        # A large image is also seen in the fine view and, very large, in tiles (see FINE_SCALE, TILES_FROM),
+        # where a small face is seen at a usable scale.
         self.tiles = tiles
-        self.small_tiles = tiles if small_tiles is None else small_tiles
         self.verifier = (BlazeFaceDetector(self.device, model="front", weights=path, cuda_graphs=cuda_graphs,
                                            tiles=False, verify=False) if self.verify else None)
         if self.verifier is not None:
             self.verifier.max_batch = 32  # a frame's candidates at every zoom, in one call
+            self.verifier.background = background
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         # (padded batch, input dtype) -> (CUDA graph, static input, static outputs)
         self._graphs = Graphs(self.device, self._capture) if self.cuda_graphs else None
@@ -288,21 +328,27 @@ class BlazeFaceDetector(FaceDetector):
     def detect(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
         return self.collect(self.launch(images))
 
-    def launch(self, images: Sequence[np.ndarray], search: Optional[Sequence[bool]] = None,
-               regions: Optional[Sequence[Sequence[tuple[int, int, int]]]] = None) -> tuple:
+    def launch(self, images: Sequence[np.ndarray]) -> tuple:
         views, owners = [], []  # every image whole, then its tiles: (image index, x, y, tile side or 0)
+        fine: dict[tuple, list[int]] = {}  # the images seen in the fine view, by size
         for i, image in enumerate(images):
             views.append(image)
             owners.append((i, 0, 0, 0))
-            tiles, small = (self.tiles, self.small_tiles) if search is None else (search[i], search[i])
-            grids = tile_grid(image.shape[0], image.shape[1], 2 * self.size) if tiles else []
-            if small and 3 * self.size < max(image.shape[:2]) <= SMALL_TILES_UP_TO:
-                grids += tile_grid(image.shape[0], image.shape[1], 3 * self.size // 4)
-            grids += list(regions[i]) if regions is not None else []
-            for x, y, side in grids:
-                views.append(image[y:y + side, x:x + side])
-                owners.append((i, x, y, side))
+            if not self.tiles:
+                continue
+            long = max(image.shape[:2])
+            if long > FINE_FROM * self.size:
+                fine.setdefault(tuple(image.shape[:2]), []).append(i)
+            if long > TILES_FROM:
+                for x, y, side in tile_grid(image.shape[0], image.shape[1], 2 * self.size):
+                    views.append(image[y:y + side, x:x + side])
+                    owners.append((i, x, y, side))
         parts = [self._launch(views[start:start + self.max_batch]) for start in range(0, len(views), self.max_batch)]
+        for members in fine.values():  # one input size per group: one network call per max_batch images
+            for start in range(0, len(members), self.max_batch):
+                group = members[start:start + self.max_batch]
+                parts.append(self._launch_fine([images[i] for i in group]))
+                owners += [(i, 0, 0, -1) for i in group]  # side -1: the fine view, in the image's own pixels
         return parts, owners, [image.shape[:2] for image in images], (images if self.verify else None)
 
     def collect(self, handle: tuple) -> list[np.ndarray]:
@@ -316,8 +362,9 @@ class BlazeFaceDetector(FaceDetector):
                     # in a tile of scikit-image's sample photos; the faces seen only in tiles, 0.88 and
                     # more): unverified, a face that only a tile sees needs TILE_MARGIN more.
                     faces = faces[faces[:, 4] >= min(self.min_score + TILE_MARGIN, 0.95)]
-                faces = _inside_tile(faces, x, y, side, shapes[i])
-                faces[:, :4] += [x, y, x, y]
+                if side > 0:
+                    faces = _inside_tile(faces, x, y, side, shapes[i])
+                    faces[:, :4] += [x, y, x, y]
             found[i].append(faces)
         merged = [merge_detections(parts_) for parts_ in found]
         if not self.verify:
@@ -332,7 +379,7 @@ class BlazeFaceDetector(FaceDetector):
                  for image, faces in zip(images, candidates) if len(faces)]
         if not crops:
             return candidates
-        scores = self.verifier.centre_scores(torch.cat(crops)).reshape(-1, len(VERIFY_ZOOMS)).min(axis=1)
+        scores = self.verifier.centre_scores(torch.cat(crops)).reshape(-1, len(VERIFY_ZOOMS)).mean(axis=1)
         out, start = [], 0
         for faces in candidates:
             faces = faces.copy()
@@ -377,31 +424,60 @@ class BlazeFaceDetector(FaceDetector):
             for b in (1 << k for k in range(self.verifier.max_batch.bit_length())):
                 self.verifier.centre_scores(torch.zeros(b, 3, self.verifier.size, self.verifier.size, device=self.device))
 
+    def fine_view(self, images: Sequence[Union[np.ndarray, torch.Tensor]]) -> tuple[torch.Tensor, list[tuple[float, float, float]]]:
+        """Images of one size, each scaled by FINE_SCALE (at most FINE_MAX_SIDE long) and padded with black on
+        the right and below to whole cells of the network's coarser grid: ``(B, 3, H, W)`` in [-1, 1] on the
+        device and, per image, ``(scale, 0, 0)`` (see :meth:`letterbox`)."""
+        h, w = images[0].shape[:2]
+        scale = min(FINE_SCALE, FINE_MAX_SIDE / max(h, w))
+        nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+        cell = self.size // 8
+        x = torch.stack([image if torch.is_tensor(image) else torch.from_numpy(np.ascontiguousarray(image))
+                         for image in images])
+        x = x.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
+        x = torch.nn.functional.interpolate(x, size=(nh, nw), mode="bilinear", antialias=True, align_corners=False)
+        batch = torch.full((len(images), 3, -(-nh // cell) * cell, -(-nw // cell) * cell), -1.0, device=self.device)
+        batch[:, :, :nh, :nw] = x / 127.5 - 1.0
+        return batch, [(scale, 0, 0)] * len(images)
+
+    def _launch_fine(self, images: Sequence[np.ndarray]) -> tuple:
+        x, params = self.fine_view(images)
+        return self._launch_input(x, len(images), params)
+
     def _launch(self, images: Sequence[np.ndarray]) -> tuple:
         x, params = self.letterbox(images)
-        padded = 1 << (len(images) - 1).bit_length()  # few distinct shapes: few autotuning runs
-        if padded > len(images):
-            x = torch.cat([x, x[-1:].expand(padded - len(images), -1, -1, -1)])
+        return self._launch_input(x, len(images), params)
+
+    def _launch_input(self, x: torch.Tensor, n: int, params: list) -> tuple:
+        padded = 1 << (n - 1).bit_length()  # few distinct shapes: few autotuning runs
+        if padded > n:
+            x = torch.cat([x, x[-1:].expand(padded - n, -1, -1, -1)])
+        cells = (x.shape[2] * 16 // self.size, x.shape[3] * 16 // self.size)
         with torch.inference_mode():
             raw_boxes, raw_scores = self._forward(x)
             # Decoded on the CPU after one copy (57 KB): as GPU launches, its dozens of tiny operations
             # and a sync per image cost more than the network itself.
-            n = len(images)
             raw = torch.cat([raw_boxes[:n], raw_scores[:n]], dim=2).float()
             if self.device.type != "cuda":
-                return raw, None, params
+                return raw, None, params, cells
             host = torch.empty(raw.shape, dtype=raw.dtype, pin_memory=True)
             host.copy_(raw, non_blocking=True)
             done = torch.cuda.Event()
             done.record()
-            return host, done, params
+            return host, done, params, cells
 
-    def _collect(self, raw: torch.Tensor, done: Optional["torch.cuda.Event"], params: list) -> list[np.ndarray]:
+    def _collect(self, raw: torch.Tensor, done: Optional["torch.cuda.Event"], params: list,
+                 cells: tuple[int, int] = (16, 16)) -> list[np.ndarray]:
         if done is not None:
             done.synchronize()
         raw = raw.numpy()
         floor = CANDIDATE_SCORE if self.verify else self.min_score  # verified: candidates, looked at again
-        per_image = decode_blazeface(self.net, raw[..., :-1], raw[..., -1:], self.anchors, floor)
+        anchors = self.anchors
+        if cells != (16, 16):
+            if cells not in self._fine_anchors:
+                self._fine_anchors[cells] = _anchors(*cells).numpy()
+            anchors = self._fine_anchors[cells]
+        per_image = decode_blazeface(self.net, raw[..., :-1], raw[..., -1:], anchors, floor)
         results = []
         for dets, (scale, px, py) in zip(per_image, params):
             faces = weighted_nms(dets, self.net.min_suppression_threshold)
@@ -418,7 +494,7 @@ class BlazeFaceDetector(FaceDetector):
     def prepare(self) -> None:
         """Capture the graph of every padded batch size, the close look's too, in the background."""
         dtype = next(self.net.parameters()).dtype
-        self._graphs.prepare([(1 << k, dtype) for k in range(self.max_batch.bit_length())][::-1])
+        self._graphs.prepare([(1 << k, dtype, self.size, self.size) for k in range(self.max_batch.bit_length())][::-1])
         if self.verifier is not None:
             self.verifier.prepare()
 
@@ -430,14 +506,16 @@ class BlazeFaceDetector(FaceDetector):
             self.verifier.wait_for_graphs()
 
     def _capture(self, key: tuple, stream: "torch.cuda.Stream", error_mode: str) -> tuple:
-        batch, dtype = key
-        static_in = torch.zeros(batch, 3, self.size, self.size, device=self.device, dtype=dtype)
+        batch, dtype, height, width = key
+        static_in = torch.zeros(batch, 3, height, width, device=self.device, dtype=dtype)
         graph, outputs = capture_graph(lambda: self.net(static_in), stream, error_mode)
         return graph, static_in, outputs
 
     def _forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The network; on a GPU as a CUDA graph per padded batch size (eager, it is ~150 tiny launches)."""
-        entry = self._graphs.get((x.shape[0], x.dtype)) if self._graphs is not None else None
+        """The network; on a GPU as a CUDA graph per padded batch size and input size (eager, it is ~150 tiny
+        launches). In the background mode a size first seen (the fine view's) is captured in the background."""
+        key = (x.shape[0], x.dtype, *x.shape[2:])
+        entry = self._graphs.get(key, later=self.background) if self._graphs is not None else None
         if entry is None:  # no graphs, or this one's is being captured in the background: the same network
             return self.net(x)
         graph, static_in, (boxes, scores) = entry

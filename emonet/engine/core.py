@@ -25,7 +25,7 @@ from ..runtime import RuntimeConfig
 from . import precompile
 from .compile import compiler
 from .config import EngineConfig
-from .graphs import Graphs, capture_graph
+from .graphs import Graphs, capture_graph, synchronize
 from .forward import StreamedForward, no_cudnn_autotuning, packed_forward, packed_forward_heatmaps, \
     split_outputs
 from .transforms import engine_net, fold_batchnorm, fold_stack_tails, fuse_stack_ends, pad_stem_input, \
@@ -231,7 +231,7 @@ class Engine:
         for batch in sorted(self.config.batch_sizes, reverse=True):  # largest first: see _capture
             self(torch.zeros(batch, 3, 256, 256, dtype=dtype_in, device=self.device))
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            synchronize(self.device)
         self.warmup_ms = (time.perf_counter() - t0) * 1e3
         autotuned = self.device.type == "cuda" and torch.backends.cudnn.benchmark
         paid = [name for name, on in (("cuDNN autotuning", autotuned),

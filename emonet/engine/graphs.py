@@ -22,6 +22,14 @@ Capture = Callable[[Hashable, "torch.cuda.Stream", str], tuple]
 _ONE_CAPTURE = threading.Lock()
 
 
+def synchronize(device: torch.device) -> None:
+    """``torch.cuda.synchronize(device)``, but never while a graph is being captured in the background: a
+    device-wide wait then is an error (it would wait for the capturing stream) that ends the process. It waits
+    for the capture under way, a few milliseconds, first."""
+    with _ONE_CAPTURE:
+        torch.cuda.synchronize(device)
+
+
 def capture_graph(run: Callable[[], object], stream: "torch.cuda.Stream", error_mode: str = "global",
                   pool=None) -> tuple:
     """``(graph, outputs)``: ``run()`` twice on ``stream``, then captured into a CUDA graph there.
@@ -48,6 +56,8 @@ class Graphs:
 
     def __init__(self, device: torch.device, capture: Capture) -> None:
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # "cuda": the current one (a thread needs its index)
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self._capture = capture
         self._ready: dict = {}
         self._pending: set = set()
@@ -55,6 +65,8 @@ class Graphs:
         self.error: Optional[BaseException] = None  # a background capture failed: eager from then on
         self._stream: Optional[torch.cuda.Stream] = None
         self.ready_s: Optional[float] = None  # seconds from prepare() until its last graph was ready
+        self._lock = threading.Lock()
+        self._queue: list = []  # keys to capture in the background, in order
 
     @property
     def stream(self) -> "torch.cuda.Stream":
@@ -64,51 +76,66 @@ class Graphs:
             self._stream = torch.cuda.Stream(self.device, priority=-1)
         return self._stream
 
-    def get(self, key: Hashable) -> Optional[tuple]:
-        """The graph of ``key``; None while it is being prepared in the background (run eagerly meanwhile)."""
-        if key in self._pending or self.error is not None:  # (pending first: the worker readies, then un-pends)
-            return self._ready.get(key)
-        found = self._ready.get(key)
-        if found is not None:
-            return found
+    def get(self, key: Hashable, later: bool = False) -> Optional[tuple]:
+        """The graph of ``key``; None while it is being prepared in the background (run eagerly meanwhile).
+        ``later``: a key not asked for before is captured in the background too (None now), not at once."""
+        with self._lock:  # (pending first: the worker readies, then un-pends)
+            if key in self._pending or self.error is not None:
+                return self._ready.get(key)
+            found = self._ready.get(key)
+            if found is not None:
+                return found
+        if later:
+            self.prepare([key])
+            return None
         self.wait()  # one capture at a time: the background's first
         if key not in self._ready:
             self._ready[key] = self._capture(key, self.stream, "global")
         return self._ready[key]
 
     def prepare(self, keys: Sequence[Hashable]) -> None:
-        """Capture the graphs of ``keys`` (in that order) in a thread of its own, each used once ready."""
-        keys = [k for k in keys if k not in self._ready and k not in self._pending]
-        if not keys:
-            return
-        self.wait()
-        self._pending.update(keys)
-        t0 = time.perf_counter()
-        stream = self.stream
-
-        halted = threading.Event()
-
-        def work() -> None:
-            torch.cuda.set_device(self.device)
-            try:
-                for key in keys:
-                    if halted.is_set():
-                        return
-                    self._ready[key] = self._capture(key, stream, "thread_local")
-                    self._pending.discard(key)
-                self.ready_s = time.perf_counter() - t0
-            except BaseException as exc:  # the callers go on eagerly (the same numbers), and are told
-                self.error = exc
-            finally:
-                self._pending.clear()
-
-        # Not a daemon: a process that ends (a short job) waits for the capture under way, rather than
-        # tearing CUDA down beneath it (which aborts the process); and it stops before the next one.
-        self._thread = threading.Thread(target=work, name="emonet-graphs")
-        self._thread.start()
+        """Capture the graphs of ``keys`` (in that order) in a thread of its own, each used once ready; keys
+        asked for while it runs join its queue."""
+        with self._lock:
+            keys = [k for k in keys if k not in self._ready and k not in self._pending]
+            if not keys or self.error is not None:
+                return
+            self._pending.update(keys)
+            self._queue.extend(keys)
+            if self._thread is not None:  # the running worker takes them
+                return
+            halted = threading.Event()
+            # Not a daemon, even when started from one (the video tool loads its model in a daemon thread):
+            # a process that ends (a short job) waits for the capture under way rather than tearing CUDA down
+            # beneath it, which aborts the process; and it stops before the next one.
+            thread = self._thread = threading.Thread(target=self._work, args=(halted, time.perf_counter()),
+                                                     name="emonet-graphs", daemon=False)
+        self.stream  # made by the caller's thread, before the worker uses it
+        thread.start()
         register = getattr(threading, "_register_atexit", None)  # runs before the interpreter joins threads
         if register is not None:
             register(halted.set)
+
+    def _work(self, halted: threading.Event, t0: float) -> None:
+        torch.cuda.set_device(self.device)
+        try:
+            while not halted.is_set():
+                with self._lock:
+                    if not self._queue:
+                        self._thread = None  # a later prepare() starts another worker
+                        self.ready_s = time.perf_counter() - t0
+                        return
+                    key = self._queue.pop(0)
+                graph = self._capture(key, self.stream, "thread_local")
+                with self._lock:
+                    self._ready[key] = graph
+                    self._pending.discard(key)
+        except BaseException as exc:  # the callers go on eagerly (the same numbers), and are told
+            with self._lock:
+                self.error = exc
+                self._pending.clear()
+                self._queue.clear()
+                self._thread = None
 
     @property
     def preparing(self) -> bool:
@@ -117,6 +144,12 @@ class Graphs:
 
     def wait(self) -> None:
         """Until the background captures, if any, have finished."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        while True:
+            with self._lock:
+                thread = self._thread
+            if thread is None:
+                return
+            thread.join()
+            with self._lock:
+                if self._thread is thread:  # halted before its queue was done
+                    self._thread = None

@@ -45,7 +45,7 @@ class ServeConfig:
     max_image_bytes: int = 20 << 20       # an encoded image or frame, at most
     max_pixels: int = 40_000_000          # a decoded image, at most (a 40-megapixel photo)
     max_batch: int = 32                   # images per GPU batch
-    max_delay_ms: float = 4.0             # how long the batcher waits for more images after the first
+    max_delay_ms: float = 0.0             # how long the batcher waits for more images after the first
     smooth: bool = True                   # streams: temporal smoothing per face (spec §6)
     max_pending: int = 128                # analyze requests in flight at once; beyond, 503 "busy"
     idle_seconds: float = 60.0            # a stream that sends nothing this long is closed

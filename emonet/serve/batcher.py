@@ -1,7 +1,8 @@
 """One dynamic batcher for every request and stream: images from all clients go through the GPU together.
 
-One thread owns the pipeline (detector and engine). It takes the images waiting, up to ``max_batch``, waiting
-at most ``max_delay`` seconds after the first for more to come; detects them in one call, gives each
+One thread owns the pipeline (detector and engine). It takes the images waiting, up to ``max_batch`` (those
+that came while the last batch ran), waiting at most ``max_delay`` seconds after the first for more to come
+(default: none); detects them in one call, gives each
 stream's faces their stable ids and smoothing (:class:`StreamState`, one per connection), and runs every
 face's crop through the engine in one batch. Each image's faces come back on its own future.
 """
@@ -42,7 +43,7 @@ class _Job:
 class Batcher:
     """``submit(image, state)`` from any thread: a future of the image's faces (:class:`FaceResult` list)."""
 
-    def __init__(self, pipeline: Pipeline, max_batch: int = 32, max_delay: float = 0.004,
+    def __init__(self, pipeline: Pipeline, max_batch: int = 32, max_delay: float = 0.0,
                  on_batch: Optional[BatchHook] = None) -> None:
         self.pipeline = pipeline
         self.max_batch, self.max_delay = max_batch, max_delay

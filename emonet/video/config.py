@@ -33,7 +33,6 @@ class VideoConfig:
     batch_size: int = 32                  # frames whose faces go through EmoNet together (a chunk)
     detect_every: int = 5                 # the detector's period, in frames (and whenever a face is lost)
     smooth: bool = True                   # spec §6 smoothing per face
-    small_faces: bool = False             # tiles, views around small faces and the close look (--small-faces)
     max_faces: Optional[int] = None       # at most this many faces per frame
     start: float = 0.0                    # seconds into each video
     end: Optional[float] = None           # seconds; None: to the end

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from ..build import build_detector, build_engine
 from ..cli import say
 from ..drawing.process import DrawnVideo
+from ..engine.graphs import synchronize
 from ..errors import InputError, OutputError
 from ..io.video import Frame
 from ..pipeline import PendingChunk, Pipeline, VideoPipeline
@@ -55,7 +56,7 @@ class PipelineLoader:
         batch = config.batch_size
         buckets = tuple(b for b in sorted({1, 4, 16, 64, batch, 4 * batch}) if b <= 4 * batch)
         engine = build_engine(config.model, batch_sizes=buckets, log=log)
-        detector = build_detector(config.model, engine, video=True, small_faces=config.small_faces)
+        detector = build_detector(config.model, engine)
         self.pipeline = Pipeline(engine, detector, max_faces=config.max_faces)
         self.pipeline.warmup(shape, log)
 
@@ -189,8 +190,7 @@ class VideoRun:
         self.source, self.sinks, self.config = source, video.sinks, config
         self.name = video.name or str(source.source)
         self.pipeline, self.engine = pipeline, pipeline.engine
-        self.tracking = VideoPipeline(pipeline, detect_every=config.detect_every, smooth=config.smooth,
-                                   small_faces=config.small_faces)
+        self.tracking = VideoPipeline(pipeline, detect_every=config.detect_every, smooth=config.smooth)
         self.frames = self.faces = 0
         self.seconds = dict.fromkeys(STAGES, 0.0)
         self.timer = LatencyTimer(self.engine.device)
@@ -272,7 +272,7 @@ class VideoRun:
                 except (InputError, OutputError) as exc:  # this video's error; the others' outputs are kept
                     self.error = self.error or exc
         if self.engine.device.type == "cuda":
-            torch.cuda.synchronize(self.engine.device)
+            synchronize(self.engine.device)
         for sink in self.sinks:
             self.seconds.update({k: self.seconds.get(k, 0.0) + v for k, v in sink.seconds.items()})
         self.seconds["decode"] = self.source.decode_seconds

@@ -191,6 +191,13 @@ class Pipeline:
         return seconds
 
 
+# Hysteresis: a face the tracker already follows is kept down to HOLD_MARGIN under the detector's threshold,
+# while a new face needs the threshold itself. A real face in compressed video dips under it from frame to
+# frame (a real 640x360 clip: a quarter of its detection frames scored 0.74-0.81 at the threshold 0.81);
+# a face-like thing never starts a track.
+HOLD_MARGIN = 0.1
+
+
 @dataclass
 class PendingChunk:
     """A chunk of video frames whose faces are planned and queued (see :class:`VideoPipeline`)."""
@@ -222,6 +229,9 @@ class VideoPipeline:
         self.detect_every = detect_every
         self.smooth = smooth
         self.tracker = tracker or Tracker()
+        threshold = getattr(self.detector, "min_score", None)
+        self.start_score = threshold if threshold is not None else 0.0
+        self.hold_score = threshold - HOLD_MARGIN if threshold is not None else None
         self.need_detection = True
         self.seen = 0  # frames of the video so far: the periodic detections fall on the same frames at any chunk size
         # The detector gets a stream of its own: a chunk's detection then runs beside, and waits for
@@ -240,7 +250,7 @@ class VideoPipeline:
         # On the detector's stream: its close look at the candidates (more network work) must not queue
         # behind, and wait for, the previous chunk's EmoNet work on the main stream.
         with torch.cuda.stream(self.det_stream) if self.det_stream is not None else contextlib.nullcontext():
-            return self.detector.collect(handle)
+            return self.detector.collect(handle, min_score=self.hold_score)
 
     def detect(self, chunk: list) -> tuple[list[bool], object]:
         """Decide which frames of the chunk run the detector, and queue it on them (``launch`` collects).
@@ -270,7 +280,8 @@ class VideoPipeline:
         for i, (frame, is_det) in enumerate(zip(chunk, flags)):
             if is_det:
                 dets = next(detections)
-                followed = self.tracker.update(dets[:max_faces] if max_faces else dets, frame.index)
+                followed = self.tracker.update(dets[:max_faces] if max_faces else dets, frame.index,
+                                               start_score=self.start_score)
                 if max_faces:  # those seen on this frame come first
                     followed = sorted(followed, key=lambda t: t.det_frame != frame.index)[:max_faces]
             else:

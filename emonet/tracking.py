@@ -127,9 +127,11 @@ class Tracker:
         """Tracks matched at the last detection: the faces to predict."""
         return [t for t in self.tracks if t.missed == 0]
 
-    def update(self, detections: np.ndarray, frame: int = 0) -> list[Track]:
-        """Match ``(k, 5)`` detections of frame ``frame`` to tracks (new ids for the unmatched); return the
-        active tracks."""
+    def update(self, detections: np.ndarray, frame: int = 0, start_score: float = 0.0) -> list[Track]:
+        """Match ``(k, 5)`` detections of frame ``frame`` to tracks (new ids for the unmatched that score at
+        least ``start_score``); return the active tracks. A face already followed is kept by any detection given,
+        so a detector asked for faces below its threshold holds a face that dips under it (hysteresis) while a
+        new face still needs the threshold."""
         pairs = sorted(((self._affinity(t, d[:4]), ti, di)
                         for ti, t in enumerate(self.tracks) for di, d in enumerate(detections)), reverse=True)
         matched_t, matched_d = set(), set()
@@ -148,7 +150,7 @@ class Tracker:
                 t.landmarks = t.crop_box = None  # stale: a re-found face is re-cropped from its detector box
         self.tracks = [t for t in self.tracks if t.missed <= self.max_missed]
         for di, d in enumerate(detections):
-            if di not in matched_d:
+            if di not in matched_d and d[4] >= start_score:
                 box = d[:4].astype(np.float64)
                 self.tracks.append(Track(self._next_id, box, float(d[4]), det_box=box, det_frame=frame))
                 self._next_id += 1

@@ -96,3 +96,14 @@ def test_a_redetection_resets_the_bounds_to_the_new_box():
     assert not track.set_landmarks(far, frame=1)  # 3 face sizes in one frame: implausible
     (moved,) = tracker.update(np.array([[380.0, 100.0, 480.0, 200.0, 0.9]]), frame=2)  # the detector finds it
     assert moved.set_landmarks(far, frame=3)  # near the new detection: within bounds
+
+
+def test_a_followed_face_is_held_under_the_threshold_a_new_face_needs():
+    tracker = Tracker()
+    face = np.array([[10.0, 10.0, 60.0, 70.0, 0.75]])
+    assert tracker.update(face, frame=0, start_score=0.81) == []  # too weak to start a track
+    (track,) = tracker.update(face + [0, 0, 0, 0, 0.15], frame=5, start_score=0.81)
+    # Later the face dips under the threshold (0.75) beside something new at 0.78: the face is held, nothing starts.
+    dets = np.array([[12.0, 10.0, 62.0, 70.0, 0.75], [200.0, 200.0, 250.0, 260.0, 0.78]])
+    (held,) = tracker.update(dets, frame=10, start_score=0.81)
+    assert held.id == track.id and held.score == 0.75 and held.det_frame == 10 and len(tracker.tracks) == 1

@@ -5,7 +5,7 @@ of ``x1, y1, x2, y2, score`` in image pixels, best first. One module per backend
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -32,8 +32,9 @@ class FaceDetector:
         work and returns at once, so the caller can do something else meanwhile; the default just detects."""
         return self.detect(images)
 
-    def collect(self, handle) -> list[np.ndarray]:
-        """The boxes of a :meth:`launch`, waiting for them if need be."""
+    def collect(self, handle, min_score: Optional[float] = None) -> list[np.ndarray]:
+        """The boxes of a :meth:`launch`, waiting for them if need be; ``min_score``, where the detector takes
+        it, reports faces down to that score instead of its own threshold (a tracker holding a face it follows)."""
         return handle
 
     def crop_matrix(self, box: np.ndarray, image_shape: tuple) -> np.ndarray:

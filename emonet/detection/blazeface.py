@@ -351,9 +351,10 @@ class BlazeFaceDetector(FaceDetector):
                 owners += [(i, 0, 0, -1) for i in group]  # side -1: the fine view, in the image's own pixels
         return parts, owners, [image.shape[:2] for image in images], (images if self.verify else None)
 
-    def collect(self, handle: tuple) -> list[np.ndarray]:
+    def collect(self, handle: tuple, min_score: Optional[float] = None) -> list[np.ndarray]:
         parts, owners, shapes, images = handle
-        per_view = [faces for part in parts for faces in self._collect(*part)]
+        least = self.min_score if min_score is None else min_score
+        per_view = [faces for part in parts for faces in self._collect(*part, floor=least)]
         found: list[list[np.ndarray]] = [[] for _ in shapes]
         for faces, (i, x, y, side) in zip(per_view, owners):
             if side and len(faces):
@@ -361,7 +362,7 @@ class BlazeFaceDetector(FaceDetector):
                     # Every tile is another chance for a face-like thing to pass (a clock's face scored 0.75
                     # in a tile of scikit-image's sample photos; the faces seen only in tiles, 0.88 and
                     # more): unverified, a face that only a tile sees needs TILE_MARGIN more.
-                    faces = faces[faces[:, 4] >= min(self.min_score + TILE_MARGIN, 0.95)]
+                    faces = faces[faces[:, 4] >= min(least + TILE_MARGIN, 0.95)]
                 if side > 0:
                     faces = _inside_tile(faces, x, y, side, shapes[i])
                     faces[:, :4] += [x, y, x, y]
@@ -369,11 +370,11 @@ class BlazeFaceDetector(FaceDetector):
         merged = [merge_detections(parts_) for parts_ in found]
         if not self.verify:
             return merged
-        return self._verified(images, merged)
+        return self._verified(images, merged, least)
 
     def _verified(self, images: Sequence[Union[np.ndarray, torch.Tensor]],
-                  candidates: list[np.ndarray]) -> list[np.ndarray]:
-        """Each image's candidates re-scored by the close look (VERIFY_ZOOMS), those reaching ``min_score``, best
+                  candidates: list[np.ndarray], least: float) -> list[np.ndarray]:
+        """Each image's candidates re-scored by the close look (VERIFY_ZOOMS), those reaching ``least``, best
         first: every image's crops in one call of the front model and one copy back."""
         crops = [zoomed_crops(image, faces[:, :4], VERIFY_ZOOMS, self.verifier.size, self.device)
                  for image, faces in zip(images, candidates) if len(faces)]
@@ -385,7 +386,7 @@ class BlazeFaceDetector(FaceDetector):
             faces = faces.copy()
             faces[:, 4] = scores[start:start + len(faces)]
             start += len(faces)
-            faces = faces[faces[:, 4] >= self.min_score]
+            faces = faces[faces[:, 4] >= least]
             out.append(faces[np.argsort(-faces[:, 4], kind="stable")])
         return out
 
@@ -467,11 +468,12 @@ class BlazeFaceDetector(FaceDetector):
             return host, done, params, cells
 
     def _collect(self, raw: torch.Tensor, done: Optional["torch.cuda.Event"], params: list,
-                 cells: tuple[int, int] = (16, 16)) -> list[np.ndarray]:
+                 cells: tuple[int, int] = (16, 16), floor: Optional[float] = None) -> list[np.ndarray]:
         if done is not None:
             done.synchronize()
         raw = raw.numpy()
-        floor = CANDIDATE_SCORE if self.verify else self.min_score  # verified: candidates, looked at again
+        # Verified: candidates from CANDIDATE_SCORE, looked at again; else the detections themselves.
+        floor = CANDIDATE_SCORE if self.verify else (self.min_score if floor is None else floor)
         anchors = self.anchors
         if cells != (16, 16):
             if cells not in self._fine_anchors:

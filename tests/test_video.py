@@ -492,6 +492,16 @@ def test_the_readmes_camera_line_prints_rows_with_numbered_images_for_the_camera
     assert sorted({int(row["frame"]) for row in rows}) == list(range(6)) and rows[0]["face_id"] != ""
 
 
+def test_small_faces_is_still_accepted_and_says_it_is_the_default(capsys):
+    from emonet.apps import video
+
+    args = video.parse_args(["--video", "x.mp4", "--csv", "f.csv", "--small-faces"])
+    assert args.small_faces and "--small-faces is the default now" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        video.parse_args(["--help"])
+    assert "--small-faces" not in capsys.readouterr().out  # not offered any more
+
+
 def test_argument_errors_are_one_line_each(clip):
     for argv, message in [(("--batch-size", "0"), "--batch-size must be at least 1, not 0"),
                           (("--start", "5", "--end", "2"), "--end (2 s) must come after --start (5 s)")]:

@@ -14,6 +14,7 @@ The same path as the command-line tools: :meth:`Reader.video` is the video runti
 from __future__ import annotations
 
 import itertools
+import warnings
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
@@ -45,11 +46,15 @@ class Reader:
         return self.pipeline(list(images))
 
     def video(self, source: Union[str, int, Iterable[np.ndarray]], detect_every: int = 5, smooth: bool = True,
-              max_frames: Optional[int] = None, fps: float = 30.0) -> Iterator[FrameFaces]:
+              max_frames: Optional[int] = None, fps: float = 30.0, small_faces: Optional[bool] = None) -> Iterator[FrameFaces]:
         """Every frame of a video file, camera index or numbered images (``"frames/%04d.png"``), or of RGB
         ``(H, W, 3)`` uint8 frames handed in (timestamps ``index / fps``), with its faces, tracked with stable
-        ids; the rows ``emonet-video`` writes for it."""
+        ids; the rows ``emonet-video`` writes for it. (``small_faces`` is the default now, and ignored.)"""
         from .video import ArraySource, VideoConfig, VideoInput, open_source, run_videos
+
+        if small_faces is not None:
+            warnings.warn("small_faces is the default now (faces from about 40 px wide in 1080p): drop it",
+                          DeprecationWarning, stacklevel=2)
 
         pipeline = self.pipeline
         config = VideoConfig(model=self.options, batch_size=self.batch_size, detect_every=detect_every,

@@ -315,3 +315,22 @@ def test_zoomed_crops_of_large_views_are_not_aliased():
     image[:, ::2] = 255
     crop = (zoomed_crops(image, np.array([[100.0, 100.0, 1100.0, 1100.0]]), (1.0,), 64, torch.device("cpu")) + 1) * 127.5
     assert abs(float(crop.mean()) - 127.5) < 2 and float(crop.std()) < 3
+
+
+def test_zoomed_crops_larger_than_a_thin_image_stay_within_its_pyramid():
+    import torch
+
+    from emonet.detection.blazeface import zoomed_crops
+
+    image = np.full((3, 400, 3), 100, np.uint8)  # three rows: halved once at most
+    crops = zoomed_crops(image, np.array([[100.0, 0.0, 300.0, 3.0]]), (2.4,), 128, torch.device("cpu"))
+    assert crops.shape == (1, 3, 128, 128) and torch.isfinite(crops).all()
+
+
+def test_fine_view_sizes_run_as_graphs_from_their_second_time_and_only_a_few():
+    detector = BlazeFaceDetector("cpu")
+    assert detector._graph_worth_it((256, 256))
+    assert not detector._graph_worth_it((672, 1152)) and detector._graph_worth_it((672, 1152))  # a video's frames
+    for k in range(10):  # a folder of photos of every size: eager, and only a few sizes remembered
+        detector._graph_worth_it((64 * k, 96))
+    assert len(detector._fine_seen) <= 8 and not detector._graph_worth_it((64 * 20, 96))

@@ -62,7 +62,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
                        help="report faces the detector scores at least S, between 0 and 1 (default for "
                             "blazeface: 0.81, where each candidate is looked at again close up, chosen on real "
                             "photos so that flowers, animals, food and objects stay 0.07-0.1 or more under it; 0.5 for "
-                            "sfd); lower it to find faint faces, raise it to drop doubtful ones")
+                            "sfd); in video a face already followed is kept down to 0.1 under it; lower it to find "
+                            "faint faces, raise it to drop doubtful ones")
 
 
 PRECISION_HELP = ("the arithmetic, whatever --engine says (default: auto, the engine's own: fp16 on a GPU, fp32 "

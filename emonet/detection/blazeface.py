@@ -38,7 +38,7 @@ def decode_blazeface(net, raw_boxes: np.ndarray, raw_scores: np.ndarray, anchors
     """face-alignment's ``BlazeFace._tensors_to_detections`` in NumPy: the same detections, per image an
     ``(k, 17)`` float32 array (ymin, xmin, ymax, xmax, six keypoints, score).
 
-    The library does it with some thirty torch operations on arrays of 896 rows, each paying torch's
+    The library does it with some thirty torch operations on arrays of all the anchors, each paying torch's
     per-operation overhead on the CPU (more than the network costs);
     ``tests/test_detection.py`` checks this against the library's own code.
     """
@@ -123,6 +123,7 @@ TILE_MARGIN = 0.1  # unverified: the score a face seen only in a tile or the fin
 FINE_FROM = 3
 FINE_SCALE = 0.6
 FINE_MAX_SIDE = 1536
+FINE_SIZES_KEPT = 8  # fine-view input sizes whose CUDA graphs and anchors are kept (a video has one)
 # Over this long side (4K frames, scans, mosaics) the image is also searched in overlapping tiles (see tile_grid).
 TILES_FROM = 2560
 
@@ -195,7 +196,8 @@ def zoomed_crops(image: Union[np.ndarray, torch.Tensor], boxes: np.ndarray, zoom
     cx = np.repeat((boxes[:, 0] + boxes[:, 2]) / 2, len(zooms))
     cy = np.repeat((boxes[:, 1] + boxes[:, 3]) / 2, len(zooms))
     sides = sides.reshape(-1)
-    levels = np.clip(np.floor(np.log2(np.maximum(sides / size, 1.0))), 0, None).astype(int)
+    top = max(int(np.floor(np.log2(max(min(level.shape[-2:]), 1)))), 0)  # the image's last halving
+    levels = np.clip(np.floor(np.log2(np.maximum(sides / size, 1.0))), 0, top).astype(int)
     # Per crop, the affine map from its own coordinates to its level's (grid_sample's: -1 and 1 are the outer
     # edges of the first and last pixels), uploaded as a few numbers; the sampling grids are made on the device.
     theta = np.zeros((len(sides), 2, 3), np.float32)
@@ -272,6 +274,7 @@ class BlazeFaceDetector(FaceDetector):
         self.net.to(self.device).eval()
         self.anchors = _anchors().numpy()  # decoding runs on the CPU (see _collect)
         self._fine_anchors: dict[tuple[int, int], np.ndarray] = {}  # the fine view's, by its input's cells
+        self._fine_seen: dict[tuple[int, int], int] = {}  # fine-view input sizes -> times seen
         self.background = background
         # The close look (see VERIFY_ZOOMS): the back model's candidates, re-scored by the front model.
         self.verify = model == "back" if verify is None else verify
@@ -288,7 +291,7 @@ class BlazeFaceDetector(FaceDetector):
             self.verifier.max_batch = 32  # a frame's candidates at every zoom, in one call
             self.verifier.background = background
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
-        # (padded batch, input dtype) -> (CUDA graph, static input, static outputs)
+        # (padded batch, input dtype, height, width) -> (CUDA graph, static input, static outputs)
         self._graphs = Graphs(self.device, self._capture) if self.cuda_graphs else None
         if background and self._graphs is not None:
             self.prepare()
@@ -456,8 +459,8 @@ class BlazeFaceDetector(FaceDetector):
         cells = (x.shape[2] * 16 // self.size, x.shape[3] * 16 // self.size)
         with torch.inference_mode():
             raw_boxes, raw_scores = self._forward(x)
-            # Decoded on the CPU after one copy (57 KB): as GPU launches, its dozens of tiny operations
-            # and a sync per image cost more than the network itself.
+            # Decoded on the CPU after one copy (57 KB an image, 0.7 MB in the fine view of a 1080p frame): as
+            # GPU launches, its dozens of tiny operations and a sync per image cost more than the network itself.
             raw = torch.cat([raw_boxes[:n], raw_scores[:n]], dim=2).float()
             if self.device.type != "cuda":
                 return raw, None, params, cells
@@ -477,6 +480,8 @@ class BlazeFaceDetector(FaceDetector):
         anchors = self.anchors
         if cells != (16, 16):
             if cells not in self._fine_anchors:
+                if len(self._fine_anchors) >= FINE_SIZES_KEPT:  # photos of many sizes: the oldest goes
+                    self._fine_anchors.pop(next(iter(self._fine_anchors)))
                 self._fine_anchors[cells] = _anchors(*cells).numpy()
             anchors = self._fine_anchors[cells]
         per_image = decode_blazeface(self.net, raw[..., :-1], raw[..., -1:], anchors, floor)
@@ -513,11 +518,25 @@ class BlazeFaceDetector(FaceDetector):
         graph, outputs = capture_graph(lambda: self.net(static_in), stream, error_mode)
         return graph, static_in, outputs
 
+    def _graph_worth_it(self, size: tuple[int, int]) -> bool:
+        """Whether an input of this size runs as a CUDA graph: the network's own always; a fine-view size from
+        its second time (a video's frames, not a folder of photos of every size), up to FINE_SIZES_KEPT sizes
+        (each graph keeps its memory)."""
+        if size == (self.size, self.size):
+            return True
+        seen = self._fine_seen.get(size, 0)
+        if seen == 0 and len(self._fine_seen) >= FINE_SIZES_KEPT:
+            return False
+        self._fine_seen[size] = seen + 1
+        return seen >= 1
+
     def _forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The network; on a GPU as a CUDA graph per padded batch size and input size (eager, it is ~150 tiny
         launches). In the background mode a size first seen (the fine view's) is captured in the background."""
         key = (x.shape[0], x.dtype, *x.shape[2:])
-        entry = self._graphs.get(key, later=self.background) if self._graphs is not None else None
+        entry = None
+        if self._graphs is not None and self._graph_worth_it(tuple(x.shape[2:])):
+            entry = self._graphs.get(key, later=self.background)
         if entry is None:  # no graphs, or this one's is being captured in the background: the same network
             return self.net(x)
         graph, static_in, (boxes, scores) = entry

@@ -108,17 +108,20 @@ class Graphs:
             # Not a daemon, even when started from one (the video tool loads its model in a daemon thread):
             # a process that ends (a short job) waits for the capture under way rather than tearing CUDA down
             # beneath it, which aborts the process; and it stops before the next one.
-            thread = self._thread = threading.Thread(target=self._work, args=(halted, time.perf_counter()),
-                                                     name="emonet-graphs", daemon=False)
-        self.stream  # made by the caller's thread, before the worker uses it
-        thread.start()
-        register = getattr(threading, "_register_atexit", None)  # runs before the interpreter joins threads
-        if register is not None:
-            register(halted.set)
+            self._thread = threading.Thread(target=self._work, args=(halted, time.perf_counter()),
+                                            name="emonet-graphs", daemon=False)
+            self.stream  # made by the caller's thread, before the worker uses it
+            self._thread.start()  # under the lock: wait() never finds a thread not yet started
+            register = getattr(threading, "_register_atexit", None)  # runs before the interpreter joins threads
+            if register is not None:
+                try:
+                    register(halted.set)
+                except RuntimeError:  # the interpreter is already shutting down: nothing to stop later
+                    pass
 
     def _work(self, halted: threading.Event, t0: float) -> None:
-        torch.cuda.set_device(self.device)
         try:
+            torch.cuda.set_device(self.device)
             while not halted.is_set():
                 with self._lock:
                     if not self._queue:

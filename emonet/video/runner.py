@@ -59,6 +59,7 @@ class PipelineLoader:
         detector = build_detector(config.model, engine)
         self.pipeline = Pipeline(engine, detector, max_faces=config.max_faces)
         self.pipeline.warmup(shape, log)
+        self._shape = tuple(shape)
 
     def _log(self, message: str) -> None:
         """Held until the first call (then said in order); said at once after."""
@@ -101,6 +102,13 @@ class PipelineLoader:
                 raise self._error
         if self.pipeline is None:
             self._build(say, shape)
+        elif tuple(shape) != self._shape:
+            engine = self.pipeline.engine
+            if engine.device.type == "cuda" and engine.config.warmup and not engine.config.background:
+                # Built ahead for another size: the explicit modes capture the detector's graphs for the
+                # video's own (its fine view's input) now, not while frames flow.
+                self.pipeline.detector.warmup(shape)
+            self._shape = tuple(shape)
         return self.pipeline
 
 

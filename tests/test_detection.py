@@ -137,7 +137,7 @@ def test_numpy_decoding_and_nms_equal_face_alignments_own(detector, photo):
     shift[..., 2:4] = 0
     noisy_boxes = raw_boxes + torch.from_numpy(shift)
     noisy_scores = raw_scores + torch.from_numpy(rng.normal(0, 4, raw_scores.shape).astype(np.float32))
-    net, anchors = detector.net, _anchors()
+    net, anchors = detector.net, torch.tensor(_anchors())
     for boxes, scores in ((raw_boxes, raw_scores), (noisy_boxes, noisy_scores)):
         theirs = net._tensors_to_detections(boxes, scores, anchors)
         ours = decode_blazeface(net, boxes.numpy(), scores.numpy(), detector.anchors)
@@ -282,11 +282,11 @@ def test_the_fine_view_finds_small_faces_the_whole_frame_shows_too_small():
 
 
 def test_anchors_of_the_square_input_are_mediapipes_896():
-    anchors = _anchors().numpy()
+    anchors = _anchors()
     assert anchors.shape == (896, 4)
     assert np.allclose(anchors[0], [0.5 / 16, 0.5 / 16, 1, 1]) and np.allclose(anchors[511], [15.5 / 16, 15.5 / 16, 1, 1])
     assert np.allclose(anchors[512], [1 / 16, 1 / 16, 1, 1]) and np.allclose(anchors[-1], [15 / 16, 15 / 16, 1, 1])
-    wide = _anchors(42, 72).numpy()  # a 672 x 1152 input: the same cells, more of them
+    wide = _anchors(42, 72)  # a 672 x 1152 input: the same cells, more of them
     assert wide.shape == (42 * 72 * 2 + 21 * 36 * 6, 4) and wide[:, :2].max() < 72 / 16
 
 

@@ -7,6 +7,7 @@ network runs as a CUDA graph and accepts frames already uploaded there.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -19,9 +20,11 @@ from ..engine.graphs import Graphs, capture_graph
 from .base import DetectorError, FaceDetector
 
 WEIGHTS = Path(__file__).resolve().parent / "blazeface.pth"
+FINE_SIZES_KEPT = 8  # fine-view input sizes whose CUDA graphs and anchors are kept (a video has one; see FINE_SCALE)
 
 
-def _anchors(height: int = 16, width: int = 16) -> torch.Tensor:
+@functools.lru_cache(maxsize=FINE_SIZES_KEPT + 1)  # the square input's and a few fine-view sizes'
+def _anchors(height: int = 16, width: int = 16) -> np.ndarray:
     """MediaPipe's SSD anchors (x, y, w, h) in units of the network's input side: for its square input
     (``16x16``) 896 of them, 16x16 cells x 2, then 8x8 cells x 6; for a larger input of ``height`` x ``width``
     cells of the first grid (the network is fully convolutional), the same two grids laid over it."""
@@ -30,7 +33,9 @@ def _anchors(height: int = 16, width: int = 16) -> torch.Tensor:
         for y in range(height // cells):
             for x in range(width // cells):
                 rows += [[(x + 0.5) * cells / 16, (y + 0.5) * cells / 16, 1.0, 1.0]] * per_cell
-    return torch.tensor(rows, dtype=torch.float32)
+    anchors = np.array(rows, dtype=np.float32)
+    anchors.setflags(write=False)  # shared by every caller
+    return anchors
 
 
 def decode_blazeface(net, raw_boxes: np.ndarray, raw_scores: np.ndarray, anchors: np.ndarray,
@@ -123,7 +128,6 @@ TILE_MARGIN = 0.1  # unverified: the score a face seen only in a tile or the fin
 FINE_FROM = 3
 FINE_SCALE = 0.6
 FINE_MAX_SIDE = 1536
-FINE_SIZES_KEPT = 8  # fine-view input sizes whose CUDA graphs and anchors are kept (a video has one)
 # Over this long side (4K frames, scans, mosaics) the image is also searched in overlapping tiles (see tile_grid).
 TILES_FROM = 2560
 
@@ -272,8 +276,7 @@ class BlazeFaceDetector(FaceDetector):
         self.net = BlazeFace(back_model=(model == "back"))
         self.net.load_state_dict(state[model])
         self.net.to(self.device).eval()
-        self.anchors = _anchors().numpy()  # decoding runs on the CPU (see _collect)
-        self._fine_anchors: dict[tuple[int, int], np.ndarray] = {}  # the fine view's, by its input's cells
+        self.anchors = _anchors()  # decoding runs on the CPU (see _collect)
         self._fine_seen: dict[tuple[int, int], int] = {}  # fine-view input sizes -> times seen
         self.background = background
         # The close look (see VERIFY_ZOOMS): the back model's candidates, re-scored by the front model.
@@ -313,12 +316,7 @@ class BlazeFaceDetector(FaceDetector):
             scale = s / max(h, w)
             nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
             px, py = (s - nw) // 2, (s - nh) // 2
-            x = torch.stack([images[i] if torch.is_tensor(images[i])
-                             else torch.from_numpy(np.ascontiguousarray(images[i])) for i in members])
-            x = x.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
-            x = torch.nn.functional.interpolate(x, size=(nh, nw), mode="bilinear", antialias=True,
-                                                align_corners=False)
-            x = x / 127.5 - 1.0
+            x = self._resized([images[i] for i in members], nh, nw)
             if members == list(range(members[0], members[-1] + 1)):
                 batch[members[0]:members[-1] + 1, :, py:py + nh, px:px + nw] = x
             else:  # interleaved sizes (rare): row by row, no index upload that would stall the host
@@ -398,7 +396,7 @@ class BlazeFaceDetector(FaceDetector):
         centre: how surely a face fills it. Decoded on the device, one small copy back."""
         net = self.net
         if not hasattr(self, "_anchors_dev"):
-            self._anchors_dev = torch.from_numpy(self.anchors).to(self.device)
+            self._anchors_dev = torch.tensor(self.anchors, device=self.device)
         scores = []
         for start in range(0, len(crops), self.max_batch):
             part = crops[start:start + self.max_batch]
@@ -436,13 +434,19 @@ class BlazeFaceDetector(FaceDetector):
         scale = min(FINE_SCALE, FINE_MAX_SIDE / max(h, w))
         nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
         cell = self.size // 8
+        batch = torch.full((len(images), 3, -(-nh // cell) * cell, -(-nw // cell) * cell), -1.0, device=self.device)
+        batch[:, :, :nh, :nw] = self._resized(images, nh, nw)
+        return batch, [(scale, 0, 0)] * len(images)
+
+    def _resized(self, images: Sequence[Union[np.ndarray, torch.Tensor]], height: int, width: int) -> torch.Tensor:
+        """Images of one size, uploaded together and resized on the device (antialiased bilinear):
+        ``(B, 3, height, width)`` in [-1, 1]."""
         x = torch.stack([image if torch.is_tensor(image) else torch.from_numpy(np.ascontiguousarray(image))
                          for image in images])
         x = x.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
-        x = torch.nn.functional.interpolate(x, size=(nh, nw), mode="bilinear", antialias=True, align_corners=False)
-        batch = torch.full((len(images), 3, -(-nh // cell) * cell, -(-nw // cell) * cell), -1.0, device=self.device)
-        batch[:, :, :nh, :nw] = x / 127.5 - 1.0
-        return batch, [(scale, 0, 0)] * len(images)
+        x = torch.nn.functional.interpolate(x, size=(height, width), mode="bilinear", antialias=True,
+                                            align_corners=False)
+        return x / 127.5 - 1.0
 
     def _launch_fine(self, images: Sequence[np.ndarray]) -> tuple:
         x, params = self.fine_view(images)
@@ -477,14 +481,7 @@ class BlazeFaceDetector(FaceDetector):
         raw = raw.numpy()
         # Verified: candidates from CANDIDATE_SCORE, looked at again; else the detections themselves.
         floor = CANDIDATE_SCORE if self.verify else (self.min_score if floor is None else floor)
-        anchors = self.anchors
-        if cells != (16, 16):
-            if cells not in self._fine_anchors:
-                if len(self._fine_anchors) >= FINE_SIZES_KEPT:  # photos of many sizes: the oldest goes
-                    self._fine_anchors.pop(next(iter(self._fine_anchors)))
-                self._fine_anchors[cells] = _anchors(*cells).numpy()
-            anchors = self._fine_anchors[cells]
-        per_image = decode_blazeface(self.net, raw[..., :-1], raw[..., -1:], anchors, floor)
+        per_image = decode_blazeface(self.net, raw[..., :-1], raw[..., -1:], _anchors(*cells), floor)
         results = []
         for dets, (scale, px, py) in zip(per_image, params):
             faces = weighted_nms(dets, self.net.min_suppression_threshold)

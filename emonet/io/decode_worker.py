@@ -345,6 +345,7 @@ def main(spec_json: str) -> int:
                 say("D", 0, reader.declared, reader.damaged, 0)
                 continue
             h, w = reader.dims(first)
+            live = reader.live
             named = "="  # the ring so far serves this video too
             if ring is None or first.nbytes > ring.slot_bytes:  # the first video, or larger frames: a new ring
                 if ring is not None:
@@ -356,14 +357,13 @@ def main(spec_json: str) -> int:
                     ring.close()
                 slot_bytes = first.nbytes
                 # A live source keeps few frames ahead: the fewer held, the fresher the one analysed.
-                wanted = LIVE_SLOTS if getattr(reader, "live", False) else spec["slots"]
+                wanted = LIVE_SLOTS if live else spec["slots"]
                 ring = Ring.create(max(2, min(wanted, spec["budget"] // slot_bytes)), slot_bytes, spec["folders"])
                 if ring is None:
                     reader.close()
                     say("E", f"no room for {spec['slots']} decoded frames of {w}x{h} in {' or '.join(spec['folders'])}")
                     return 0
                 free, named = deque(range(ring.slots)), ring.path
-            live = bool(getattr(reader, "live", False))
             say("I", fps, count, h, w, ring.slots, named, reader.layout, live)
             # Where this video's run ends: --max-frames, or --end by the parent's reckoning of frame times.
             rate = fps if 0 < fps < 1000 else 30.0

@@ -52,14 +52,18 @@ class ServeConfig:
 
 
 class BadImage(ValueError):
-    """An image the service cannot read: said to the client, never a crash."""
+    """An image the service cannot read: said to the client, never a crash; ``status`` is its HTTP answer."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def decode_image(data: bytes, config: ServeConfig) -> np.ndarray:
     """RGB ``(H, W, 3)`` uint8 of JPEG or PNG bytes; :class:`BadImage` saying what is wrong. The size is read
     from the header first: a small file of huge dimensions is refused before anything is decoded."""
     if len(data) > config.max_image_bytes:
-        raise BadImage(f"the image is {len(data)} bytes; at most {config.max_image_bytes} are taken")
+        raise BadImage(f"the image is {len(data)} bytes; at most {config.max_image_bytes} are taken", 413)
     if not (data.startswith(b"\xff\xd8\xff") or data.startswith(b"\x89PNG\r\n\x1a\n")):
         raise BadImage("not a JPEG or PNG image")
     try:
@@ -68,7 +72,7 @@ def decode_image(data: bytes, config: ServeConfig) -> np.ndarray:
     except (OSError, SyntaxError, ValueError):
         raise BadImage("the image could not be decoded (truncated or corrupt)") from None
     if width * height > config.max_pixels:
-        raise BadImage(f"the image is {width}x{height}; at most {config.max_pixels} pixels are taken")
+        raise BadImage(f"the image is {width}x{height}; at most {config.max_pixels} pixels are taken", 413)
     bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     if bgr is None:
         raise BadImage("the image could not be decoded (truncated or corrupt)")
@@ -158,9 +162,8 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
             try:
                 rgb = await decode(data)
             except BadImage as exc:
-                status = 413 if "at most" in str(exc) else 400
-                metrics.requests.labels(str(status)).inc()
-                raise HTTPException(status, f"{image.filename or 'image'}: {exc}") from None
+                metrics.requests.labels(str(exc.status)).inc()
+                raise HTTPException(exc.status, f"{image.filename or 'image'}: {exc}") from None
             faces = await analyse(rgb)
         finally:
             state["pending"] -= 1

@@ -31,15 +31,14 @@ class Reader:
     def __init__(self, weights: str = "pretrained", device: Optional[str] = None, engine: str = "auto",
                  detector: str = "blazeface", min_score: Optional[float] = None, nclasses: Optional[int] = None,
                  batch_size: int = 32) -> None:
-        from .build import ModelOptions, build_detector, build_engine
-        from .pipeline import Pipeline
+        from .build import ModelOptions, build_pipeline
 
         self.options = ModelOptions(weights=weights, nclasses=nclasses, device=device, engine=engine,
                                     detector=detector, min_score=min_score)
         self.batch_size = batch_size  # a video's chunk: the video tool's default, so the rows are the same
-        engine_ = build_engine(self.options, batch_sizes=tuple(sorted({1, 4, batch_size})))
-        self.pipeline = Pipeline(engine_, build_detector(self.options, engine_))  # photos' and videos' alike
-        self.class_names: list[str] = list(engine_.class_names)
+        # photos' and videos' alike
+        self.pipeline = build_pipeline(self.options, batch_sizes=tuple(sorted({1, 4, batch_size})))
+        self.class_names: list[str] = list(self.pipeline.engine.class_names)
 
     def images(self, images: Sequence[np.ndarray]) -> list[list[FaceResult]]:
         """Faces of each RGB ``(H, W, 3)`` uint8 image."""

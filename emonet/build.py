@@ -2,6 +2,7 @@
 the Python API and the evaluation share. The command-line tools turn their arguments into these options."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
@@ -12,6 +13,7 @@ from .detection import create_detector
 from .engine import PRESETS, Engine, EngineConfig
 from .engine.config import CPU_BF16, CPU_FP32
 from .models.weights import UNTRAINED_LABEL, load_model
+from .pipeline import Pipeline
 from .runtime import DeviceError, RuntimeConfig, configure, describe, select_device
 
 
@@ -52,6 +54,44 @@ def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
     once: what makes it faster is prepared in the background); ``log`` takes its messages (default: standard
     error)."""
     log = log or say
+    device, config, runtime = _runtime(options, log)
+    return _engine(options, device, config, runtime, batch_sizes, log)
+
+
+def build_pipeline(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
+                   log: Optional[Callable[[str], None]] = None, refine: bool = False,
+                   max_faces: Optional[int] = None) -> Pipeline:
+    """The engine and the detector the options ask for, in one :class:`~emonet.pipeline.Pipeline` (not warmed
+    up). The detector is built in a thread while the weights load: its start on the device (the first one
+    pays the device's start-up) runs beside the model's build instead of after it."""
+    log = log or say
+    device, config, runtime = _runtime(options, log)
+    built: dict = {}
+
+    def detector() -> None:
+        try:
+            built["detector"] = _detector(options, device, config)
+        except BaseException as exc:  # raised below, where the caller is
+            built["error"] = exc
+
+    # BlazeFace draws nothing from torch's global generator, which seeded random weights are drawn from.
+    thread = threading.Thread(target=detector, name="emonet-detector-load") if options.detector == "blazeface" else None
+    if thread is not None:
+        thread.start()
+    else:
+        detector()
+    try:
+        engine = _engine(options, device, config, runtime, batch_sizes, log)
+    finally:
+        if thread is not None:
+            thread.join()
+    if "error" in built:
+        raise built["error"]
+    return Pipeline(engine, built["detector"], refine=refine, max_faces=max_faces)
+
+
+def _runtime(options: ModelOptions, log: Callable[[str], None]) -> tuple[torch.device, EngineConfig, RuntimeConfig]:
+    """The device, the engine's configuration, and the runtime configured for them."""
     precision = options.precision
     if options.deterministic and precision not in ("auto", "fp32"):
         raise DeviceError(f"--deterministic computes in fp32: drop --precision {precision}")
@@ -65,6 +105,11 @@ def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
     configure(runtime)
     if precision == "fp16" and device.type != "cuda":
         raise DeviceError("--precision fp16 needs a GPU; on a CPU use fp32 (exact) or bf16")
+    return device, config, runtime
+
+
+def _engine(options: ModelOptions, device: torch.device, config: EngineConfig, runtime: RuntimeConfig,
+            batch_sizes: Sequence[int], log: Callable[[str], None]) -> Engine:
     model = load_model(options.weights, n_expression=options.nclasses, device="cpu")
     engine = Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)), log=log)
     log(f"EmoNet ({model.n_expression} classes, {options.weights}) on {describe(runtime, device)}; "
@@ -103,9 +148,13 @@ def build_detector(options: ModelOptions, engine: Engine):
     """The detector the options ask for, on the engine's device, the same for photos and video frames. BlazeFace
     also sees a large image in its fine view (small faces) and looks at each candidate again close up (no
     face-like thing passes)."""
+    return _detector(options, engine.device, engine.config)
+
+
+def _detector(options: ModelOptions, device: torch.device, config: EngineConfig):
     min_score, name = options.min_score, options.detector
     kwargs = {"min_score": min_score} if min_score is not None and name != "none" else {}
     if name == "blazeface":
-        kwargs["cuda_graphs"] = engine.config.cuda_graphs
-        kwargs["background"] = engine.config.background  # its graphs too, while the first frames run eagerly
-    return create_detector(name, engine.device, **kwargs)
+        kwargs["cuda_graphs"] = config.cuda_graphs
+        kwargs["background"] = config.background  # its graphs too, while the first frames run eagerly
+    return create_detector(name, device, **kwargs)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from emonet.errors import InputError
-from emonet.io.images import check_writable_dir, collect_images, read_image, write_image
+from emonet.io.images import check_writable_dir, collect_images, read_image, read_images, write_image
 
 
 def test_grayscale_rgba_and_16_bit_images_decode_to_rgb(tmp_path):
@@ -44,3 +44,21 @@ def test_writes_are_whole_or_nothing(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["x.png"]
     with pytest.raises(InputError, match="cannot write"):
         check_writable_dir(tmp_path / "x.png" / "sub")  # under a file
+
+
+def test_images_are_read_ahead_in_order_with_the_unreadable_ones_said(tmp_path):
+    rng = np.random.default_rng(1)
+    paths = []
+    for k in range(12):
+        paths.append(tmp_path / f"{k:02d}.png")
+        if k == 5:
+            paths[-1].write_bytes(b"not an image")
+        else:
+            cv2.imwrite(str(paths[-1]), rng.integers(0, 255, (20 + k, 30, 3), dtype=np.uint8))
+    got = list(read_images(paths, ahead=3))
+    assert [p for p, _ in got] == paths
+    assert isinstance(got[5][1], InputError) and "decode" in str(got[5][1])
+    assert all(np.array_equal(img, read_image(p)) for p, img in got if not isinstance(img, InputError))
+    taken = read_images(paths, ahead=4)  # a caller that stops early leaves no read running
+    assert next(taken)[0] == paths[0]
+    taken.close()

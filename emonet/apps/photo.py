@@ -16,13 +16,12 @@ from ..provenance import provenance
 from ..drawing import annotate
 from ..io.atomic import write_text
 from ..errors import InputError
-from ..io.images import IMAGE_EXTENSIONS, check_writable_dir, collect_images, read_image, write_image
+from ..io.images import IMAGE_EXTENSIONS, check_writable_dir, collect_images, read_image, read_images, write_image
 from ..models.weights import UNTRAINED_LABEL
-from ..pipeline import Pipeline
 from ..results import FaceResult, face_record, photo_fields, photo_row
 from ..timing import LatencyTimer, StartupClock
 from ..cli import ToolParser, plural
-from ..build import build_detector, build_engine
+from ..build import build_pipeline
 from .common import add_model_arguments, model_options, run_tool
 
 
@@ -64,25 +63,26 @@ def run(args: argparse.Namespace) -> int:
 
     # A lone image that cannot be read is bad input: say so before paying the engine's load and warm-up
     # (a compiled engine's first start takes minutes). Among several, it is one warning and exit code 1.
-    first = read_image(paths[0]) if len(paths) == 1 else None
+    images = [(paths[0], read_image(paths[0]))] if len(paths) == 1 else read_images(paths)  # read from now on
 
     model = model_options(args)
-    engine = build_engine(model)
-    startup.mark("model and engine")
-    detector = build_detector(model, engine)
-    pipeline = Pipeline(engine, detector, refine=args.refine)
-    pipeline.warmup()
-    startup.mark("detector" + (" and warm-up" if engine.config.warmup and not engine.config.background else ""))
+    pipeline = build_pipeline(model, refine=args.refine)  # the detector is built while the weights load
+    engine, detector = pipeline.engine, pipeline.detector
+    startup.mark("model, engine and detector")
+    if engine.config.warmup and not engine.config.background:
+        # The explicit modes warm up before the first image; the default prepares in the background, and a
+        # blank image's pass would only delay the first real one, which pays its own first kernels.
+        pipeline.warmup()
+        startup.mark("warm-up")
     names = engine.class_names
     banner = f"EmoNet: {UNTRAINED_LABEL}" if engine.untrained else None
 
     image_timer, face_timer = LatencyTimer(engine.device), LatencyTimer(engine.device)
     records, rows, failures, used = [], [], 0, set()
-    bar = tqdm(paths, unit="image", disable=len(paths) < 4, file=sys.stderr)
-    for path in bar:
-        try:
-            image = first if first is not None else read_image(path)
-        except InputError as exc:
+    bar = tqdm(images, total=len(paths), unit="image", disable=len(paths) < 4, file=sys.stderr)
+    for path, image in bar:
+        if isinstance(image, InputError):
+            exc = image
             failures += 1
             tqdm.write(f"warning: {exc}", file=sys.stderr)
             records.append({"image": str(path), "error": str(exc), "faces": []})

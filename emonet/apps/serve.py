@@ -8,10 +8,9 @@ import sys
 import warnings
 from typing import Optional
 
-from ..build import build_detector, build_engine
+from ..build import build_pipeline
 from ..cli import ToolParser
 from ..errors import InputError
-from ..pipeline import Pipeline
 from .common import add_model_arguments, model_options, run_tool
 
 EXAMPLES = """examples:
@@ -78,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); choose another --port "
                              f"or --host") from None
     options = model_options(args)
-    engine = build_engine(options)
-    pipeline = Pipeline(engine, build_detector(options, engine))
+    pipeline = build_pipeline(options)
     pipeline.warmup()
     config = ServeConfig(max_streams=args.max_streams, max_image_bytes=int(args.max_image_mb * (1 << 20)),
                          max_batch=args.max_batch, max_delay_ms=args.max_delay_ms, smooth=args.smooth)

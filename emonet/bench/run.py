@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -476,7 +477,7 @@ def _timed_tool(argv: list[str], device: str) -> dict:
         return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
     err = proc.stderr
     first = re.search(r"first results? ([\d.]+) s after the process started", err)
-    load = re.search(r"model(?:, engine and warm-up| and engine) ([\d.]+) s", err)
+    load = re.search(r"model(?:, engine and warm-up|, engine and detector| and engine) ([\d.]+) s", err)
     rate = re.search(r"([\d.]+) frames/s end to end", err)
     images = re.search(r"per image latency.*?throughput\s+([\d.]+) images/s", err, re.S)
     graphs = re.search(r"CUDA graphs were ready ([\d.]+) s", err)
@@ -488,14 +489,21 @@ def _timed_tool(argv: list[str], device: str) -> dict:
 
 
 def job_sweep(device: str, seconds: Sequence[int] = (10, 60, 300, 1800), photos: Sequence[int] = (1, 150, 1500),
-              released: bool = True) -> str:
+              released: bool = True, repeat: int = 3, short: float = 60) -> str:
     """Clips of each length in ``seconds`` (720p, 30 frames/s, made as :func:`make_clip` makes them) analysed
     and annotated, and photo sets of each size in ``photos``, each run in a fresh process beside a fresh
     floor process (one that only imports torch and touches the device): wall time, first result, and the
-    ratio to floor + model load + the frames at steady speed (the speed of the longest job of its kind)."""
+    ratio to floor + model load + the frames at steady speed (the speed of the longest job of its kind).
+
+    A clip of up to ``short`` seconds, and every photo set but the largest, runs ``repeat`` times, alternating
+    with the others: a process's start-up varies by a second or more from one to the next, which is most of a
+    short job's ratio; its row gives the medians and each run's ratio."""
     import cv2
     import numpy as np
     from tqdm import tqdm
+
+    def times(is_short: bool) -> int:
+        return max(1, repeat) if is_short else 1
 
     lines = []
     with tempfile.TemporaryDirectory(prefix="emonet-sweep-") as tmp:
@@ -503,48 +511,65 @@ def job_sweep(device: str, seconds: Sequence[int] = (10, 60, 300, 1800), photos:
         shortest = min(seconds, default=1)
         base = make_clip(tmp / "base.mp4", frames=30 * shortest)  # the longer clips repeat it (and photos are its frames)
         clips = {s: base if s == shortest else repeat_clip(base, s // shortest, tmp / f"clip{s}.mp4") for s in seconds}
-        runs = []  # (kind, job label, frames, result, floor)
-        todo = [(s, mode) for s in seconds for mode in ("analysis", "annotated")]
-        for s, mode in tqdm(todo, desc="clips", unit="run", file=sys.stderr):
-            floor = startup_floor(device).get("process_s")
-            extra = ["--no-video", "--csv", str(tmp / "rows.csv")] if mode == "analysis" else [
-                "--output", str(tmp / "annotated.mp4"), "--csv", str(tmp / "rows.csv")]
-            result = _timed_tool(["-m", "emonet.apps.video", "--video", str(clips[s]), *extra], device)
-            runs.append((f"video, {mode}", f"{s // 60} min" if s >= 60 else f"{s} s", s * 30, result, floor))
         cap = cv2.VideoCapture(str(base))
         ok, frame = cap.read()
         cap.release()
-        for n in tqdm(photos, desc="photo sets", unit="run", file=sys.stderr):
+        for n in photos:
             folder = tmp / f"photos{n}"
             folder.mkdir()
             for i in range(n):  # one clip frame each, shifted so no two are the same file
                 cv2.imwrite(str(folder / f"{i:05d}.jpg"), np.roll(frame, 7 * i, axis=1))
+        jobs = [("video, " + mode, f"{s // 60} min" if s >= 60 else f"{s} s", s * 30,
+                 ["-m", "emonet.apps.video", "--video", str(clips[s]), "--csv", str(tmp / "rows.csv"),
+                  *(["--no-video"] if mode == "analysis" else ["--output", str(tmp / "annotated.mp4")])], times(s <= short))
+                for s in seconds for mode in ("analysis", "annotated")]
+        jobs += [("photos", str(n), n, ["-m", "emonet.apps.photo", "--image", str(tmp / f"photos{n}"), "--json",
+                                        str(tmp / "p.json")], times(n < max(photos))) for n in photos]
+        order = [k for r in range(max(j[4] for j in jobs)) for k, job in enumerate(jobs) if r < job[4]]
+        done: dict[int, list] = {k: [] for k in range(len(jobs))}  # job -> [(result, floor)]
+        for k in tqdm(order, desc="jobs", unit="run", file=sys.stderr):  # round by round: repeats alternate
             floor = startup_floor(device).get("process_s")
-            result = _timed_tool(["-m", "emonet.apps.photo", "--image", str(folder), "--json", str(tmp / "p.json")],
-                                 device)
-            runs.append(("photos", str(n), n, result, floor))
+            done[k].append((_timed_tool(jobs[k][3], device), floor))
+            result = done[k][-1][0]  # each run as it ends (a long sweep's log keeps what it measured)
+            tqdm.write(f"{jobs[k][0]}, {jobs[k][1]}: floor {_fmt(floor)} s, " + ", ".join(
+                f"{key} {value:.2f}" if isinstance(value, float) else f"{key} {value}" for key, value in result.items()),
+                file=sys.stderr)
         released_rate = released_way(clips[shortest], device, None) if released and seconds else None
 
-    lines += ["| job | run | wall (s) | floor (s) | first result (s; after the floor) | model load (s) | "
-              "frames at steady speed (s) | wall / (floor + load + frames) |", "|---|---|---|---|---|---|---|---|"]
+    def median(values: list) -> Optional[float]:
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
     steady: dict = {}
-    for kind, label, n, result, floor in runs:  # the speed of the longest job of each kind
+    for k, (kind, _, _, _, _) in enumerate(jobs):  # the speed of the longest job of each kind
+        result = done[k][0][0]
         rate = result.get("images_per_s") if kind == "photos" else result.get("frames_per_s")
         if rate:
             steady[kind] = rate
-    for kind, label, n, result, floor in runs:
-        if "error" in result:
-            lines.append(f"| {kind} | {label} | failed: {result['error']} | | | | | |")
+    lines += ["| job | run | wall (s) | floor (s) | first result (s; after the floor) | model load (s) | "
+              "frames at steady speed (s) | wall / (floor + load + frames) |", "|---|---|---|---|---|---|---|---|"]
+    for k, (kind, label, n, _, _) in enumerate(jobs):
+        failed = [r for r, _ in done[k] if "error" in r]
+        if failed:
+            lines.append(f"| {kind} | {label} | failed: {failed[0]['error']} | | | | | |")
             continue
         frames_s = n / steady[kind] if steady.get(kind) else None
-        ideal = (floor or 0) + (result["model_load_s"] or 0) + (frames_s or 0)
-        first = result["first_result_s"]
-        lines.append(f"| {kind} | {label} ({n} {'images' if kind == 'photos' else 'frames'}) | {result['wall_s']:.2f} | "
-                     f"{_fmt(floor)} | {_fmt(first)} ({_fmt(first - floor if first is not None and floor else None, '+.2f')}) | "
-                     f"{_fmt(result['model_load_s'])} | {_fmt(frames_s)} | **{result['wall_s'] / ideal:.2f}×** |")
+        ratios, after = [], []
+        for result, floor in done[k]:
+            ratios.append(result["wall_s"] / ((floor or 0) + (result["model_load_s"] or 0) + (frames_s or 0)))
+            first = result["first_result_s"]
+            after.append(first - floor if first is not None and floor else None)
+        results = [r for r, _ in done[k]]
+        each = f" ({', '.join(f'{r:.2f}' for r in ratios)})" if len(ratios) > 1 else ""
+        runs = f", median of {len(ratios)}" if len(ratios) > 1 else ""
+        lines.append(f"| {kind} | {label} ({n} {'images' if kind == 'photos' else 'frames'}{runs}) | "
+                     f"{_fmt(median([r['wall_s'] for r in results]))} | {_fmt(median([f for _, f in done[k]]))} | "
+                     f"{_fmt(median([r['first_result_s'] for r in results]))} ({_fmt(median(after), '+.2f')}) | "
+                     f"{_fmt(median([r['model_load_s'] for r in results]))} | {_fmt(frames_s)} | "
+                     f"**{median(ratios):.2f}×**{each} |")
     lines += ["", "Steady speed (the longest job of its kind): "
               + ", ".join(f"{k} {v:.0f} {'images' if k == 'photos' else 'frames'}/s" for k, v in steady.items()) + "."]
-    ready = [r["graphs_ready_s"] for _, _, _, r, _ in runs if r.get("graphs_ready_s") is not None]
+    ready = [r["graphs_ready_s"] for runs in done.values() for r, _ in runs if r.get("graphs_ready_s") is not None]
     if ready:
         lines.append(f"The engine's CUDA graphs were ready {min(ready):.2f}–{max(ready):.2f} s after the model "
                      f"loaded (captured in the background; the first frames ran eagerly meanwhile).")
@@ -801,6 +826,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "at steady speed")
     parser.add_argument("--sweep-photos", default="1,150,1500", metavar="N[,N...]",
                         help="photo set sizes of --sweep (default 1,150,1500)")
+    parser.add_argument("--sweep-repeat", default=3, type=int, metavar="N",
+                        help="with --sweep: run the jobs of up to a minute N times, alternating, and report the "
+                             "medians (a process's start-up varies by a second; default 3)")
     parser.add_argument("--serve-load", default=None, metavar="URL",
                         help="drive a running emonet-serve at URL (http://127.0.0.1:8000) with concurrent WebSocket "
                              "streams of 640x480 JPEG frames: lost and reordered frames, server latency p50/p99, GPU "
@@ -858,7 +886,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not lengths or min(lengths) < 1 or any(v % min(lengths) for v in lengths) or any(v < 1 for v in sets):
             parser.error("--sweep lengths are whole seconds, each a multiple of the shortest (the clips repeat it); "
                          "photo sets at least 1")
-        _report(job_sweep(args.device, lengths, sets), args.markdown)
+        _report(job_sweep(args.device, lengths, sets, repeat=args.sweep_repeat), args.markdown)
         return 0
     if args.photo is not None:
         if args.photo:

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable, Union
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable, Iterator, Sequence, Union
 
 import cv2
 import numpy as np
@@ -58,6 +61,38 @@ def read_image(path: Union[str, Path]) -> np.ndarray:
     if image is None:
         raise InputError(f"{path}: not an image OpenCV can decode (corrupt, truncated or another format)")
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+def read_images(paths: Sequence[Union[str, Path]], ahead: int = 8,
+                threads: int = 2) -> Iterator[tuple[Path, Union[np.ndarray, InputError]]]:
+    """Each path, in order, with its image (as :func:`read_image` gives it) or the :class:`InputError` that says
+    why it could not be read. The first ``ahead`` images are decoded from the call on, in ``threads`` threads
+    (OpenCV decodes without holding the GIL), and each one taken starts the next: the images are decoded
+    while the caller loads its model and analyses the ones before."""
+    def read(path: Union[str, Path]) -> Union[np.ndarray, InputError]:
+        try:
+            return read_image(path)
+        except InputError as exc:
+            return exc
+
+    pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="emonet-read")
+    rest = iter(paths)
+    pending = deque((Path(p), pool.submit(read, p)) for p in itertools.islice(rest, max(1, ahead)))
+
+    def results() -> Iterator[tuple[Path, Union[np.ndarray, InputError]]]:
+        try:
+            while pending:
+                path, future = pending.popleft()
+                following = next(rest, None)
+                if following is not None:
+                    pending.append((Path(following), pool.submit(read, following)))
+                yield path, future.result()
+        finally:
+            for _, future in pending:
+                future.cancel()
+            pool.shutdown(wait=True)
+
+    return results()
 
 
 def write_image(path: Union[str, Path], rgb: np.ndarray) -> None:

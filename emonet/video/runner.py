@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator, Optional, Union
 import torch
 from tqdm import tqdm
 
-from ..build import build_detector, build_engine
+from ..build import build_pipeline
 from ..cli import say
 from ..drawing.process import DrawnVideo
 from ..engine.graphs import synchronize
@@ -55,9 +55,7 @@ class PipelineLoader:
         config = self.config
         batch = config.batch_size
         buckets = tuple(b for b in sorted({1, 4, 16, 64, batch, 4 * batch}) if b <= 4 * batch)
-        engine = build_engine(config.model, batch_sizes=buckets, log=log)
-        detector = build_detector(config.model, engine)
-        self.pipeline = Pipeline(engine, detector, max_faces=config.max_faces)
+        self.pipeline = build_pipeline(config.model, batch_sizes=buckets, log=log, max_faces=config.max_faces)
         self.pipeline.warmup(shape, log)
         self._shape = tuple(shape)
 

@@ -2,7 +2,6 @@
 the Python API and the evaluation share. The command-line tools turn their arguments into these options."""
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
@@ -54,44 +53,6 @@ def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
     once: what makes it faster is prepared in the background); ``log`` takes its messages (default: standard
     error)."""
     log = log or say
-    device, config, runtime = _runtime(options, log)
-    return _engine(options, device, config, runtime, batch_sizes, log)
-
-
-def build_pipeline(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
-                   log: Optional[Callable[[str], None]] = None, refine: bool = False,
-                   max_faces: Optional[int] = None) -> Pipeline:
-    """The engine and the detector the options ask for, in one :class:`~emonet.pipeline.Pipeline` (not warmed
-    up). The detector is built in a thread while the weights load: its start on the device (the first one
-    pays the device's start-up) runs beside the model's build instead of after it."""
-    log = log or say
-    device, config, runtime = _runtime(options, log)
-    built: dict = {}
-
-    def detector() -> None:
-        try:
-            built["detector"] = _detector(options, device, config)
-        except BaseException as exc:  # raised below, where the caller is
-            built["error"] = exc
-
-    # BlazeFace draws nothing from torch's global generator, which seeded random weights are drawn from.
-    thread = threading.Thread(target=detector, name="emonet-detector-load") if options.detector == "blazeface" else None
-    if thread is not None:
-        thread.start()
-    else:
-        detector()
-    try:
-        engine = _engine(options, device, config, runtime, batch_sizes, log)
-    finally:
-        if thread is not None:
-            thread.join()
-    if "error" in built:
-        raise built["error"]
-    return Pipeline(engine, built["detector"], refine=refine, max_faces=max_faces)
-
-
-def _runtime(options: ModelOptions, log: Callable[[str], None]) -> tuple[torch.device, EngineConfig, RuntimeConfig]:
-    """The device, the engine's configuration, and the runtime configured for them."""
     precision = options.precision
     if options.deterministic and precision not in ("auto", "fp32"):
         raise DeviceError(f"--deterministic computes in fp32: drop --precision {precision}")
@@ -105,11 +66,6 @@ def _runtime(options: ModelOptions, log: Callable[[str], None]) -> tuple[torch.d
     configure(runtime)
     if precision == "fp16" and device.type != "cuda":
         raise DeviceError("--precision fp16 needs a GPU; on a CPU use fp32 (exact) or bf16")
-    return device, config, runtime
-
-
-def _engine(options: ModelOptions, device: torch.device, config: EngineConfig, runtime: RuntimeConfig,
-            batch_sizes: Sequence[int], log: Callable[[str], None]) -> Engine:
     model = load_model(options.weights, n_expression=options.nclasses, device="cpu")
     engine = Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)), log=log)
     log(f"EmoNet ({model.n_expression} classes, {options.weights}) on {describe(runtime, device)}; "
@@ -119,6 +75,16 @@ def _engine(options: ModelOptions, device: torch.device, config: EngineConfig, r
     if engine.untrained:
         log(f"warning: {UNTRAINED_LABEL}")
     return engine
+
+
+def build_pipeline(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
+                   log: Optional[Callable[[str], None]] = None, refine: bool = False,
+                   max_faces: Optional[int] = None) -> Pipeline:
+    """The engine and the detector the options ask for, in one :class:`~emonet.pipeline.Pipeline` (not warmed
+    up): what every tool runs. (Built one after the other: the detector built in a thread beside the weights
+    started no sooner on a GPU, and a photo set's first result came later.)"""
+    engine = build_engine(options, batch_sizes, log)
+    return Pipeline(engine, build_detector(options, engine), refine=refine, max_faces=max_faces)
 
 
 def engine_config(preset: str, device: torch.device, deterministic: bool = False,
@@ -148,13 +114,9 @@ def build_detector(options: ModelOptions, engine: Engine):
     """The detector the options ask for, on the engine's device, the same for photos and video frames. BlazeFace
     also sees a large image in its fine view (small faces) and looks at each candidate again close up (no
     face-like thing passes)."""
-    return _detector(options, engine.device, engine.config)
-
-
-def _detector(options: ModelOptions, device: torch.device, config: EngineConfig):
     min_score, name = options.min_score, options.detector
     kwargs = {"min_score": min_score} if min_score is not None and name != "none" else {}
     if name == "blazeface":
-        kwargs["cuda_graphs"] = config.cuda_graphs
-        kwargs["background"] = config.background  # its graphs too, while the first frames run eagerly
-    return create_detector(name, device, **kwargs)
+        kwargs["cuda_graphs"] = engine.config.cuda_graphs
+        kwargs["background"] = engine.config.background  # its graphs too, while the first frames run eagerly
+    return create_detector(name, engine.device, **kwargs)

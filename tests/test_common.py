@@ -27,16 +27,12 @@ def _args(*argv: str) -> argparse.Namespace:
     return model_options(parser.parse_args(["--weights", "random", *argv]))
 
 
-def test_the_pipeline_builds_its_detector_beside_the_weights_and_draws_the_same_random_weights(capsys):
+def test_the_pipeline_holds_the_engine_and_the_detector_the_options_ask_for(capsys):
     from emonet.detection.blazeface import BlazeFaceDetector
 
     pipeline = build_pipeline(_args("--device", "cpu", "--min-score", "0.9"), max_faces=2)
     assert isinstance(pipeline.detector, BlazeFaceDetector) and pipeline.detector.min_score == 0.9
     assert pipeline.max_faces == 2 and pipeline.engine.config.precision == "fp32"
-    # The detector, built in a thread meanwhile, takes nothing from torch's generator: the seeded random
-    # weights are the ones drawn alone.
-    alone = build_engine(_args("--device", "cpu")).model.state_dict()
-    assert all(torch.equal(v, alone[k]) for k, v in pipeline.engine.model.state_dict().items())
 
 
 @pytest.mark.parametrize("hardware_bf16", [False, True])

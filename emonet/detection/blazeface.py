@@ -273,11 +273,8 @@ class BlazeFaceDetector(FaceDetector):
                                 f"ships with the package) or run tools/convert_blazeface.py")
         state = torch.load(path, map_location="cpu", weights_only=True)
         self.device = torch.device(device)
-        # Built without initial values (the weights are loaded next): no draw from torch's global generator, which a
-        # model built beside it in another thread may be drawing its seeded random weights from.
-        with torch.device("meta"):
-            self.net = BlazeFace(back_model=(model == "back"))
-        self.net.to_empty(device="cpu").load_state_dict(state[model])  # every parameter and buffer
+        self.net = BlazeFace(back_model=(model == "back"))
+        self.net.load_state_dict(state[model])
         self.net.to(self.device).eval()
         self.anchors = _anchors()  # decoding runs on the CPU (see _collect)
         self._fine_seen: dict[tuple[int, int], int] = {}  # fine-view input sizes -> times seen

@@ -115,19 +115,26 @@ class CallbackSink(Sink):
 
 class Drawers:
     """Where a run's annotated videos are drawn: by a process of its own (:class:`DrawingProcess`: the analysis
-    goes on meanwhile), started with the first one, if it is up by the time the model is loaded or the video
-    is long enough to wait for it (:data:`~emonet.video.config.WAIT_FRAMES`); else in this process
-    (:class:`LocalDrawing`). The choice, made for the first video, holds for the others. Close it at the end."""
+    goes on meanwhile), started as the first video opens if that video is long enough to wait for it
+    (:data:`~emonet.video.config.WAIT_FRAMES`, or of unknown length: a camera's); else in this process
+    (:class:`LocalDrawing`). The choice, made for the first video, holds for the others. Close it at the end.
+
+    A shorter video never waited for the process (its Python and torch start outlast the model's load), and
+    starting it anyway slowed the model's load beside it: such a video starts none."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.process: Optional[DrawingProcess] = None
         self.chosen: "Optional[DrawingProcess | LocalDrawing]" = None
 
-    def start(self) -> None:
-        """Start the drawing process, if not yet started or decided against."""
+    def start(self, frames: Optional[int]) -> None:
+        """For the first video, of ``frames`` frames (None: unknown), as it opens: start the drawing process, or
+        choose to draw in this process (nothing, once decided)."""
         if self.process is None and self.chosen is None:
-            self.process = DrawingProcess(self.device)
+            if not frames or frames >= WAIT_FRAMES:
+                self.process = DrawingProcess(self.device)
+            else:
+                self.chosen = LocalDrawing(self.device)
 
     def warm(self, frame: tuple[int, int]) -> None:
         """Have the drawing process draw a frame of ``frame`` = (H, W) once, while the model loads."""
@@ -137,11 +144,8 @@ class Drawers:
     def choose(self, frames: Optional[int]) -> "DrawingProcess | LocalDrawing":
         """The drawing for a video of ``frames`` (None: unknown, a camera's), once the model is loaded."""
         if self.chosen is None:
-            if self.process.ready or not frames or frames >= WAIT_FRAMES:
-                self.chosen = self.process
-            else:
-                self.process.close(now=True)
-                self.chosen, self.process = LocalDrawing(self.process.device), None
+            self.start(frames)
+            self.chosen = self.chosen or self.process
         return self.chosen
 
     def close(self) -> None:
@@ -170,9 +174,9 @@ class AnnotatedSink(Sink):
         self.drawn: Optional[DrawnVideo] = None  # how the drawing and encoding went, once closed
         self.drawing = None
         self.seconds = {"hand-over": 0.0, "drawing wait": 0.0}
-        drawers.start()  # up while the video opens and the model loads
 
     def prepare(self, source: Source) -> None:
+        self.drawers.start(source.expected_frames)  # up while the model loads
         if source.frame_shape[0]:
             self.drawers.warm(source.frame_shape[:2])
 

@@ -67,3 +67,22 @@ def test_a_failing_batch_fails_its_clients_and_the_batcher_goes_on(pipeline):
         assert batcher.submit(read_image(SAMPLE_PHOTO)).result(timeout=300)
     finally:
         batcher.close()
+
+
+def test_a_stream_holds_a_followed_face_under_the_threshold_a_new_face_or_lone_image_needs(pipeline):
+    photo = read_image(SAMPLE_PHOTO)
+    detector = pipeline.detector
+    batcher = Batcher(pipeline, max_batch=4, max_delay=0.2)
+    followed, late = StreamState(), StreamState()
+    saved = detector.min_score
+    try:
+        (first,) = batcher.submit(photo, followed).result(timeout=300)
+        # The threshold now above the face's score, by less than the margin (as a face dips from frame to frame).
+        detector.min_score = first.score + 0.05
+        futures = [batcher.submit(photo, followed), batcher.submit(photo, late), batcher.submit(photo)]
+        held, new, lone = (f.result(timeout=300) for f in futures)
+    finally:
+        detector.min_score = saved
+        batcher.close()
+    assert [f.face_id for f in held] == [first.face_id] and abs(held[0].score - first.score) < 1e-4  # held
+    assert new == [] and lone == [] and late.tracker.tracks == []  # a new face, and a lone image, need the threshold

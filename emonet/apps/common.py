@@ -62,7 +62,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
                        help="report faces the detector scores at least S, between 0 and 1 (default for "
                             "blazeface: 0.81, where each candidate is looked at again close up, chosen on real "
                             "photos so that flowers, animals, food and objects stay 0.07-0.1 or more under it; 0.5 for "
-                            "sfd); in video a face already followed is kept down to 0.1 under it; lower it to find "
+                            "sfd); in video and in a stream a face already followed is kept down to 0.1 under it; lower it to find "
                             "faint faces, raise it to drop doubtful ones")
 
 

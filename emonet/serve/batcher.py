@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..pipeline import PlannedFace, Pipeline, Smoother
+from ..pipeline import HOLD_MARGIN, PlannedFace, Pipeline, Smoother
 from ..results import FaceResult
 from ..tracking import Tracker
 
@@ -106,21 +106,31 @@ class Batcher:
                 self._on_batch(len(jobs), faces, time.perf_counter() - t0)
 
     def _analyse(self, jobs: list[_Job]) -> list[list[FaceResult]]:
-        pipeline = self.pipeline
+        pipeline, detector = self.pipeline, self.pipeline.detector
         images = [j.image for j in jobs]
-        detections = pipeline.detector.detect(images)
+        # As in video (HOLD_MARGIN): a face a stream follows is held down to a margin under the detector's
+        # threshold, while a new face, and every face of a lone image, needs the threshold itself.
+        threshold = getattr(detector, "min_score", None)
+        streams = threshold is not None and any(j.state is not None for j in jobs)
+        detections = detector.collect(detector.launch(images), min_score=threshold - HOLD_MARGIN if streams else None)
         planned: list[PlannedFace] = []
         smoothers: list[Optional[Smoother]] = []
         for i, (job, found) in enumerate(zip(jobs, detections)):
-            faces = pipeline.plan([job.image], [found])
             state = job.state
             if state is None:
+                if streams:
+                    found = found[found[:, 4] >= threshold]
+                faces = pipeline.plan([job.image], [found])
                 planned += [PlannedFace(i, 0, f.face_id, f.box, f.score, True, f.matrix) for f in faces]
                 smoothers += [None] * len(faces)
                 continue
             frame = state.frames
             state.frames += 1
-            tracks = state.tracker.update(np.asarray([np.append(f.box, f.score) for f in faces]).reshape(-1, 5), frame)
+            found = found[:pipeline.max_faces] if pipeline.max_faces else found
+            tracks = state.tracker.update(found, frame, start_score=threshold or 0.0)
+            # The detections the tracker took: those of the faces it follows, and new ones at the threshold.
+            taken = [d for d in found if any(t.det_frame == frame and np.array_equal(t.det_box, d[:4]) for t in tracks)]
+            faces = pipeline.plan([job.image], [np.asarray(taken).reshape(-1, 5)])
             for f in faces:  # each detection's track: the one the tracker matched it to on this frame
                 track = next((t for t in tracks if t.det_frame == frame and np.array_equal(t.det_box, f.box)), None)
                 if track is None:  # (every detection is matched or new on its frame; never reached)

@@ -69,7 +69,7 @@ def test_the_job_sweep_runs_every_job_in_a_fresh_process_and_reads_their_reports
     assert len(rows) == 4 and "failed" not in "".join(rows) and "–" not in "".join(rows), text
     assert "| video, analysis | 1 s (30 frames) |" in rows[0] and "| photos | 3 (3 images) |" in rows[-1]
     assert all(row.endswith("×** |") for row in rows[:2] + rows[3:])
-    assert "| photos | 2 (2 images, median of 2) |" in rows[2] and re.search(r"×\*\* \([\d.]+, [\d.]+\) \|$", rows[2])
+    assert "| photos | 2 (2 images, the median of 2 runs) |" in rows[2] and re.search(r"×\*\* \([\d.]+, [\d.]+\) \|$", rows[2])
 
 
 def test_help_names_the_command_and_shows_examples():
@@ -90,3 +90,18 @@ def test_the_auto_mode_is_the_tools_gpu_default():
     (auto,) = [m for m in MODES if m.name == "auto"]
     assert "auto" in GPU_DEFAULT and not auto.cudnn_benchmark
     assert EngineConfig(**auto.engine) == engine_config("auto", torch.device("cuda", 0))
+
+
+def test_a_repeated_jobs_row_is_its_median_run_whose_columns_give_its_ratio():
+    from emonet.bench.run import sweep_table
+    run = lambda wall, first, load, rate=None: {"wall_s": wall, "first_result_s": first, "model_load_s": load,  # noqa: E731
+                                                 "frames_per_s": rate, "images_per_s": None, "graphs_ready_s": 0.5}
+    jobs = [("video, analysis", "10 s", 300), ("video, analysis", "1 min", 1800)]
+    runs = [[(run(6.0, 4.9, 0.6), 3.5), (run(5.0, 4.2, 0.5), 3.4), (run(8.5, 5.9, 0.7), 4.6)],
+            [(run(9.0, 4.5, 0.6, rate=900.0), 3.6)]]
+    rows = [line for line in sweep_table(jobs, runs) if line.startswith("| video")]
+    cells = [c.strip() for c in rows[0].split("|")[1:-1]]
+    assert cells[1] == "10 s (300 frames, the median of 3 runs)"
+    wall, floor, load, frames = float(cells[2]), float(cells[3]), float(cells[5]), float(cells[6])
+    assert (wall, floor, load) == (6.0, 3.5, 0.6) and frames == round(300 / 900, 2)
+    assert cells[4] == "4.90 (+1.40)" and cells[7].startswith(f"**{wall / (floor + load + 300 / 900):.2f}×** (")

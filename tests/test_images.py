@@ -59,6 +59,7 @@ def test_images_are_read_ahead_in_order_with_the_unreadable_ones_said(tmp_path):
     assert [p for p, _ in got] == paths
     assert isinstance(got[5][1], InputError) and "decode" in str(got[5][1])
     assert all(np.array_equal(img, read_image(p)) for p, img in got if not isinstance(img, InputError))
-    taken = read_images(paths, ahead=4)  # a caller that stops early leaves no read running
-    assert next(taken)[0] == paths[0]
+    taken = read_images(paths, ahead=4)  # a caller that stops early drops the reads not begun
+    assert next(iter(taken))[0] == paths[0]
     taken.close()
+    assert list(taken) == []

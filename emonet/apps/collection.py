@@ -206,6 +206,9 @@ def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: l
     sources = open_sources([str(v) for v in mine], config, device)
     plots = PlotProcess()
     drawers = Drawers(device) if args.output_videos else None
+    if drawers is not None and mine:  # all this process's videos, together (a count not known: as long)
+        mine_counts = [counts[i] for i in share]
+        drawers.start(sum(mine_counts) if all(mine_counts) else None)
     if dist.world > 1:
         # Every process loads and warms up, then all start together: none waits on the others at the end
         # for a start-up it could have overlapped, and their frames/s add up.

@@ -7,8 +7,9 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional, Union
 
+import numpy as np
 from tqdm import tqdm
 
 from ..engine.check import SAMPLE_PHOTO
@@ -63,10 +64,19 @@ def run(args: argparse.Namespace) -> int:
 
     # A lone image that cannot be read is bad input: say so before paying the engine's load and warm-up
     # (a compiled engine's first start takes minutes). Among several, it is one warning and exit code 1.
-    images = [(paths[0], read_image(paths[0]))] if len(paths) == 1 else read_images(paths)  # read from now on
+    if len(paths) == 1:
+        return _analyse(args, [(paths[0], read_image(paths[0]))], len(paths), startup, out_file, out_dir)
+    images = read_images(paths)  # decoded from now on, while the model loads
+    try:
+        return _analyse(args, images, len(paths), startup, out_file, out_dir)
+    finally:
+        images.close()
 
+
+def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.ndarray, InputError]]], count: int,
+             startup: StartupClock, out_file: Optional[Path], out_dir: Optional[Path]) -> int:
     model = model_options(args)
-    pipeline = build_pipeline(model, refine=args.refine)  # the detector is built while the weights load
+    pipeline = build_pipeline(model, refine=args.refine)
     engine, detector = pipeline.engine, pipeline.detector
     startup.mark("model, engine and detector")
     if engine.config.warmup and not engine.config.background:
@@ -79,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     image_timer, face_timer = LatencyTimer(engine.device), LatencyTimer(engine.device)
     records, rows, failures, used = [], [], 0, set()
-    bar = tqdm(images, total=len(paths), unit="image", disable=len(paths) < 4, file=sys.stderr)
+    bar = tqdm(images, total=count, unit="image", disable=count < 4, file=sys.stderr)
     for path, image in bar:
         if isinstance(image, InputError):
             exc = image
@@ -121,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             writer.writerow({**row, **({"untrained": 1} if engine.untrained else {})})
         write_text(args.csv, buffer.getvalue())
     n_faces = sum(len(r["faces"]) for r in records)
-    print(f"\n{plural(len(paths), 'image')}, {plural(n_faces, 'face')}, {failures} unreadable", file=sys.stderr)
+    print(f"\n{plural(count, 'image')}, {plural(n_faces, 'face')}, {failures} unreadable", file=sys.stderr)
     print(image_timer.summary().format("whole pipeline (detect + crop + EmoNet) per image", "image"),
           file=sys.stderr)
     print(face_timer.summary().format("crop + EmoNet per image", "face"), file=sys.stderr)

@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import subprocess
-import statistics
 import sys
 import tempfile
 import time
@@ -505,7 +504,8 @@ def job_sweep(device: str, seconds: Sequence[int] = (10, 60, 300, 1800), photos:
     def times(is_short: bool) -> int:
         return max(1, repeat) if is_short else 1
 
-    lines = []
+    if not seconds and not photos:
+        raise ValueError("the sweep needs clip lengths or photo set sizes")
     with tempfile.TemporaryDirectory(prefix="emonet-sweep-") as tmp:
         tmp = Path(tmp)
         shortest = min(seconds, default=1)
@@ -535,50 +535,49 @@ def job_sweep(device: str, seconds: Sequence[int] = (10, 60, 300, 1800), photos:
                 f"{key} {value:.2f}" if isinstance(value, float) else f"{key} {value}" for key, value in result.items()),
                 file=sys.stderr)
         released_rate = released_way(clips[shortest], device, None) if released and seconds else None
-
-    def median(values: list) -> Optional[float]:
-        values = [v for v in values if v is not None]
-        return statistics.median(values) if values else None
-
-    steady: dict = {}
-    for k, (kind, _, _, _, _) in enumerate(jobs):  # the speed of the longest job of each kind
-        result = done[k][0][0]
-        rate = result.get("images_per_s") if kind == "photos" else result.get("frames_per_s")
-        if rate:
-            steady[kind] = rate
-    lines += ["| job | run | wall (s) | floor (s) | first result (s; after the floor) | model load (s) | "
-              "frames at steady speed (s) | wall / (floor + load + frames) |", "|---|---|---|---|---|---|---|---|"]
-    for k, (kind, label, n, _, _) in enumerate(jobs):
-        failed = [r for r, _ in done[k] if "error" in r]
-        if failed:
-            lines.append(f"| {kind} | {label} | failed: {failed[0]['error']} | | | | | |")
-            continue
-        frames_s = n / steady[kind] if steady.get(kind) else None
-        ratios, after = [], []
-        for result, floor in done[k]:
-            ratios.append(result["wall_s"] / ((floor or 0) + (result["model_load_s"] or 0) + (frames_s or 0)))
-            first = result["first_result_s"]
-            after.append(first - floor if first is not None and floor else None)
-        results = [r for r, _ in done[k]]
-        each = f" ({', '.join(f'{r:.2f}' for r in ratios)})" if len(ratios) > 1 else ""
-        runs = f", median of {len(ratios)}" if len(ratios) > 1 else ""
-        lines.append(f"| {kind} | {label} ({n} {'images' if kind == 'photos' else 'frames'}{runs}) | "
-                     f"{_fmt(median([r['wall_s'] for r in results]))} | {_fmt(median([f for _, f in done[k]]))} | "
-                     f"{_fmt(median([r['first_result_s'] for r in results]))} ({_fmt(median(after), '+.2f')}) | "
-                     f"{_fmt(median([r['model_load_s'] for r in results]))} | {_fmt(frames_s)} | "
-                     f"**{median(ratios):.2f}×**{each} |")
-    lines += ["", "Steady speed (the longest job of its kind): "
-              + ", ".join(f"{k} {v:.0f} {'images' if k == 'photos' else 'frames'}/s" for k, v in steady.items()) + "."]
-    ready = [r["graphs_ready_s"] for runs in done.values() for r, _ in runs if r.get("graphs_ready_s") is not None]
-    if ready:
-        lines.append(f"The engine's CUDA graphs were ready {min(ready):.2f}–{max(ready):.2f} s after the model "
-                     f"loaded (captured in the background; the first frames ran eagerly meanwhile).")
+    lines = sweep_table([(kind, label, n) for kind, label, n, _, _ in jobs], [done[k] for k in range(len(jobs))])
     if released_rate:
         n = shortest * 30
         lines.append(f"The released way (decode, detect, crop, batch-1 fp32 EmoNet, frame by frame) on the "
                      f"{shortest}-s clip: {released_rate:.1f} frames/s, {n / released_rate:.1f} s for its frames "
                      f"after the model loaded.")
     return "\n".join(lines)
+
+
+def sweep_table(jobs: Sequence[tuple[str, str, int]], runs: Sequence[Sequence[tuple[dict, Optional[float]]]]) -> list[str]:
+    """The sweep's Markdown table: per job ``(kind, label, frames or images)``, its runs as ``(what
+    :func:`_timed_tool` read, the floor process's seconds)``. A job run several times shows its median run (by
+    the ratio) and every run's ratio. Steady speed: the first run of the last job of each kind."""
+    steady: dict = {}
+    for (kind, _, _), job_runs in zip(jobs, runs):  # the longest job of each kind comes last
+        rate = job_runs[0][0].get("images_per_s" if kind == "photos" else "frames_per_s")
+        if rate:
+            steady[kind] = rate
+    lines = ["| job | run | wall (s) | floor (s) | first result (s; after the floor) | model load (s) | "
+             "frames at steady speed (s) | wall / (floor + load + frames) |", "|---|---|---|---|---|---|---|---|"]
+    for (kind, label, n), job_runs in zip(jobs, runs):
+        failed = [r for r, _ in job_runs if "error" in r]
+        if failed:
+            lines.append(f"| {kind} | {label} | failed: {failed[0]['error']} | | | | | |")
+            continue
+        frames_s = n / steady[kind] if steady.get(kind) else None
+        ratios = [r["wall_s"] / ((floor or 0) + (r["model_load_s"] or 0) + (frames_s or 0)) for r, floor in job_runs]
+        middle = sorted(range(len(ratios)), key=ratios.__getitem__)[(len(ratios) - 1) // 2]
+        result, floor = job_runs[middle]
+        first = result["first_result_s"]
+        unit = ("image" if kind == "photos" else "frame") + ("" if n == 1 else "s")
+        which = f", the median of {len(ratios)} runs" if len(ratios) > 1 else ""
+        each = f" ({', '.join(f'{r:.2f}' for r in ratios)})" if len(ratios) > 1 else ""
+        lines.append(f"| {kind} | {label} ({n} {unit}{which}) | {result['wall_s']:.2f} | {_fmt(floor)} | "
+                     f"{_fmt(first)} ({_fmt(first - floor if first is not None and floor else None, '+.2f')}) | "
+                     f"{_fmt(result['model_load_s'])} | {_fmt(frames_s)} | **{ratios[middle]:.2f}×**{each} |")
+    lines += ["", "Steady speed (the longest job of its kind): "
+              + ", ".join(f"{k} {v:.0f} {'images' if k == 'photos' else 'frames'}/s" for k, v in steady.items()) + "."]
+    ready = [r["graphs_ready_s"] for job_runs in runs for r, _ in job_runs if r.get("graphs_ready_s") is not None]
+    if ready:
+        lines.append(f"The engine's CUDA graphs were ready {min(ready):.2f}–{max(ready):.2f} s after the model "
+                     f"loaded (captured in the background; the first frames ran eagerly meanwhile).")
+    return lines
 
 
 def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float = 30.0) -> str:
@@ -827,8 +826,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--sweep-photos", default="1,150,1500", metavar="N[,N...]",
                         help="photo set sizes of --sweep (default 1,150,1500)")
     parser.add_argument("--sweep-repeat", default=3, type=int, metavar="N",
-                        help="with --sweep: run the jobs of up to a minute N times, alternating, and report the "
-                             "medians (a process's start-up varies by a second; default 3)")
+                        help="with --sweep: run the clips of up to a minute and the photo sets but the largest N "
+                             "times, alternating, and report each one's median run (a process's start-up varies by "
+                             "a second; default 3)")
     parser.add_argument("--serve-load", default=None, metavar="URL",
                         help="drive a running emonet-serve at URL (http://127.0.0.1:8000) with concurrent WebSocket "
                              "streams of 640x480 JPEG frames: lost and reordered frames, server latency p50/p99, GPU "

@@ -63,36 +63,46 @@ def read_image(path: Union[str, Path]) -> np.ndarray:
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
 
 
-def read_images(paths: Sequence[Union[str, Path]], ahead: int = 8,
-                threads: int = 2) -> Iterator[tuple[Path, Union[np.ndarray, InputError]]]:
+class ReadAhead:
     """Each path, in order, with its image (as :func:`read_image` gives it) or the :class:`InputError` that says
-    why it could not be read. The first ``ahead`` images are decoded from the call on, in ``threads`` threads
+    why it could not be read. The first ``ahead`` images are decoded from the start, in ``threads`` threads
     (OpenCV decodes without holding the GIL), and each one taken starts the next: the images are decoded
-    while the caller loads its model and analyses the ones before."""
-    def read(path: Union[str, Path]) -> Union[np.ndarray, InputError]:
-        try:
-            return read_image(path)
-        except InputError as exc:
-            return exc
+    while the caller loads its model and analyses the ones before. :meth:`close` drops the reads not begun."""
 
-    pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="emonet-read")
-    rest = iter(paths)
-    pending = deque((Path(p), pool.submit(read, p)) for p in itertools.islice(rest, max(1, ahead)))
+    def __init__(self, paths: Sequence[Union[str, Path]], ahead: int = 8, threads: int = 2) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="emonet-read")
+        self._rest = iter(paths)
+        self._pending = deque((Path(p), self._pool.submit(_read_or_error, p))
+                              for p in itertools.islice(self._rest, max(1, ahead)))
 
-    def results() -> Iterator[tuple[Path, Union[np.ndarray, InputError]]]:
+    def __iter__(self) -> Iterator[tuple[Path, Union[np.ndarray, InputError]]]:
         try:
-            while pending:
-                path, future = pending.popleft()
-                following = next(rest, None)
+            while self._pending:
+                path, future = self._pending.popleft()
+                following = next(self._rest, None)
                 if following is not None:
-                    pending.append((Path(following), pool.submit(read, following)))
+                    self._pending.append((Path(following), self._pool.submit(_read_or_error, following)))
                 yield path, future.result()
         finally:
-            for _, future in pending:
-                future.cancel()
-            pool.shutdown(wait=True)
+            self.close()
 
-    return results()
+    def close(self) -> None:
+        """Stop reading: the reads under way finish, the others are dropped."""
+        self._pending.clear()
+        self._rest = iter(())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def read_images(paths: Sequence[Union[str, Path]], ahead: int = 8, threads: int = 2) -> ReadAhead:
+    """The images at ``paths``, decoded ahead (:class:`ReadAhead`); close it if it is not read to the end."""
+    return ReadAhead(paths, ahead, threads)
+
+
+def _read_or_error(path: Union[str, Path]) -> Union[np.ndarray, InputError]:
+    try:
+        return read_image(path)
+    except InputError as exc:
+        return exc
 
 
 def write_image(path: Union[str, Path], rgb: np.ndarray) -> None:

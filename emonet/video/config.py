@@ -16,8 +16,9 @@ STAGES = ("decode", "detect", "emonet", "results", "hand-over", "drawing wait", 
 # Frames drawn at once on a GPU (at least a chunk): each drawing call's host work is mostly a fixed number of
 # tensor operations, spread over more frames; the frames wait on the GPU meanwhile (about 3 MB each at 720p).
 DRAW_FRAMES = 32
-# A video this long waits for the drawing process if it is not up once the model is loaded: the wait (a few
-# seconds: Python and torch start) is repaid by drawing beside the analysis over about this many frames.
+# A video this long (a collection: its videos together) starts the drawing process as it opens, and waits for
+# it if it is not up once the model is loaded: the wait (a few seconds: Python and torch start) is repaid by
+# drawing beside the analysis over about this many frames. A shorter one is drawn in the analysing process.
 WAIT_FRAMES = 10_000
 # With the networks on a GPU, this process's CPU tensor work (the detector's box decoding) is small; torch's
 # default of a thread per core only competes with FFmpeg's decoding threads for the CPU.

@@ -172,8 +172,8 @@ class Sink:
 
 @dataclass
 class VideoInput:
-    """One video to run: its source (or a function that opens it: the drawing process then starts up while
-    it opens), its sinks, and its progress bar (on standard error) with its label."""
+    """One video to run: its source (or a function that opens it: the model then loads while it opens), its
+    sinks, and its progress bar (on standard error) with its label."""
 
     source: Union[Source, Callable[[], Source]]
     sinks: list[Sink] = field(default_factory=list)

@@ -127,11 +127,11 @@ class Drawers:
         self.process: Optional[DrawingProcess] = None
         self.chosen: "Optional[DrawingProcess | LocalDrawing]" = None
 
-    def start(self, frames: Optional[int]) -> None:
-        """For the first video, of ``frames`` frames (None: unknown), as it opens: start the drawing process, or
-        choose to draw in this process (nothing, once decided)."""
+    def start(self, frames: Optional[int] = None) -> None:
+        """For the first video, of ``frames`` frames (None: unknown), as it opens, or a collection's videos
+        together: start the drawing process, or choose to draw in this process (nothing, once decided)."""
         if self.process is None and self.chosen is None:
-            if not frames or frames >= WAIT_FRAMES:
+            if frames is None or frames >= WAIT_FRAMES:
                 self.process = DrawingProcess(self.device)
             else:
                 self.chosen = LocalDrawing(self.device)

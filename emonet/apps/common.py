@@ -60,8 +60,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
                             "already a tight face crop)")
         g.add_argument("--min-score", type=_score, default=None, metavar="S",
                        help="report faces the detector scores at least S, between 0 and 1 (default for "
-                            "blazeface: 0.81, where each candidate is looked at again close up, chosen on real "
-                            "photos so that flowers, animals, food and objects stay 0.07-0.1 or more under it; 0.5 for "
+                            "blazeface: 0.83, where each candidate is looked at again close up, chosen on real "
+                            "photos so that flowers, animals, food and objects stay 0.1 or more under it; 0.5 for "
                             "sfd); in video and in a stream a face already followed is kept down to 0.1 under it; lower it to find "
                             "faint faces, raise it to drop doubtful ones")
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..engine.graphs import Graphs, capture_graph
+from .onet import ONET_SIZE, load_onet, onet_input
 from .base import DetectorError, FaceDetector
 
 WEIGHTS = Path(__file__).resolve().parent / "blazeface.pth"
@@ -105,16 +106,18 @@ def weighted_nms(detections: np.ndarray, threshold: float) -> np.ndarray:
 
 
 # A face is found in two steps. The 256-px "back" model proposes candidates over the whole image (and its
-# fine view and tiles) from CANDIDATE_SCORE; each is then looked at again close up, by the 128-px "front" model,
-# in square crops VERIFY_ZOOMS times the candidate's size around it, and its score is the mean of those looks
-# (each the best detection covering the crop's centre). Chosen on real photos with and without faces, and on
-# mosaics of the latter at many scales (docs/PERFORMANCE.md, *Face detection*): with two zooms and their lower
-# look, animals' faces and squashed photos came within 0.03 of the threshold; with three zooms and their mean,
-# the non-faces it was chosen on stay 0.1 under DEFAULT_MIN_SCORE (a dog's face, held out, 0.07) and 166 of 170
-# annotated faces at 40-100 px pass.
+# fine view and tiles) from CANDIDATE_SCORE; each is then looked at again close up: by the 128-px "front" model,
+# in square crops VERIFY_ZOOMS times the candidate's size around it (the mean of those looks, each the best
+# detection covering the crop's centre), and by MTCNN's ONet (.onet), trained on other data, at ONET_ZOOMS; the
+# score is the mean of the front model's look and ONet's two. Chosen on real photos with and without faces, and
+# on mosaics of the latter at many scales (docs/PERFORMANCE.md, *Face detection*): the front model alone left
+# the non-faces it was chosen on 0.1 under its threshold but a dog's face, held out, 0.1 less 0.004, and missed
+# turned faces at 0.75-0.80; with ONet's looks the non-faces stay 0.1 under DEFAULT_MIN_SCORE, the held-out
+# ones 0.17, and every annotated face the back model proposes passes at 40-100 px.
 CANDIDATE_SCORE = 0.5
 VERIFY_ZOOMS = (1.8, 2.4, 3.0)
-DEFAULT_MIN_SCORE = 0.81
+ONET_ZOOMS = (1.0, 1.25)
+DEFAULT_MIN_SCORE = 0.83
 # Without the close look (verify=False), the first model's own score, the mean over the overlapping
 # detections that pass: from 0.7 a coffee cup did not pass (0.67), a cat's face (0.77) did.
 UNVERIFIED_MIN_SCORE = 0.7
@@ -290,6 +293,7 @@ class BlazeFaceDetector(FaceDetector):
         self.tiles = tiles
         self.verifier = (BlazeFaceDetector(self.device, model="front", weights=path, cuda_graphs=cuda_graphs,
                                            tiles=False, verify=False) if self.verify else None)
+        self.second_opinion = load_onet(self.device) if self.verify else None
         if self.verifier is not None:
             self.verifier.max_batch = 32  # a frame's candidates at every zoom, in one call
             self.verifier.background = background
@@ -377,11 +381,18 @@ class BlazeFaceDetector(FaceDetector):
                   candidates: list[np.ndarray], least: float) -> list[np.ndarray]:
         """Each image's candidates re-scored by the close look (VERIFY_ZOOMS), those reaching ``least``, best
         first: every image's crops in one call of the front model and one copy back."""
-        crops = [zoomed_crops(image, faces[:, :4], VERIFY_ZOOMS, self.verifier.size, self.device)
-                 for image, faces in zip(images, candidates) if len(faces)]
-        if not crops:
+        looks = [(image, faces[:, :4]) for image, faces in zip(images, candidates) if len(faces)]
+        if not looks:
             return candidates
-        scores = self.verifier.centre_scores(torch.cat(crops)).reshape(-1, len(VERIFY_ZOOMS)).mean(axis=1)
+        crops = torch.cat([zoomed_crops(image, boxes, VERIFY_ZOOMS, self.verifier.size, self.device)
+                           for image, boxes in looks])
+        front = self.verifier.centre_scores(crops).reshape(-1, len(VERIFY_ZOOMS)).mean(axis=1)
+        # ONet's crops as MTCNN makes them, by area: sampled at four times the size, then 4x4 means.
+        crops = torch.cat([zoomed_crops(image, boxes, ONET_ZOOMS, 4 * ONET_SIZE, self.device) for image, boxes in looks])
+        with torch.inference_mode():
+            crops = torch.nn.functional.avg_pool2d(crops, 4)
+            second = self.second_opinion(onet_input(crops)).reshape(-1, len(ONET_ZOOMS)).double().cpu().numpy()
+        scores = (front + second.sum(axis=1)) / (1 + len(ONET_ZOOMS))
         out, start = [], 0
         for faces in candidates:
             faces = faces.copy()

@@ -265,14 +265,14 @@ def test_faces_40_px_wide_in_a_1080p_photo_are_found():
 
 
 def test_the_fine_view_finds_small_faces_the_whole_frame_shows_too_small():
-    # The whole 1080p frame shrunk to the network's 256 px shows 40- and 60-px faces at 5 and 8 px: not found.
-    # The fine view runs the network over the whole frame at 0.6 of its size (its anchors laid over the larger
-    # grid) and finds all three, with boxes where they are.
+    # The whole 1080p frame shrunk to the network's 256 px shows 40- and 60-px faces at 5 and 8 px: not found
+    # (the 90-px one, at 12 px, may be). The fine view runs the network over the whole frame at 0.6 of its size
+    # (its anchors laid over the larger grid) and finds all three, with boxes where they are.
     from emonet.detection.blazeface import FINE_SCALE
 
     scene, truth = small_faces_scene()
     whole = BlazeFaceDetector("cpu", tiles=False)
-    assert not len(whole.detect([scene])[0])
+    assert not any(iou(f, box) > 0.3 for f in whole.detect([scene])[0] for box in truth[:2])
     x, params = whole.fine_view([scene])
     assert x.shape == (1, 3, 672, 1152) and params == [(FINE_SCALE, 0, 0)]  # padded to whole cells of the grid
     found = BlazeFaceDetector("cpu").detect([scene])[0]

@@ -112,9 +112,10 @@ def weighted_nms(detections: np.ndarray, threshold: float) -> np.ndarray:
 # score is the mean of the front model's look and ONet's two. Chosen on real photos with and without faces, and
 # on mosaics of the latter at many scales (docs/PERFORMANCE.md, *Face detection*): the front model alone left
 # the non-faces it was chosen on 0.1 under its threshold but a dog's face, held out, 0.1 less 0.004, and missed
-# turned faces at 0.75-0.80; with ONet's looks the non-faces stay 0.1 under DEFAULT_MIN_SCORE, the held-out
-# ones 0.17, and every annotated face the back model proposes passes at 40-100 px.
-CANDIDATE_SCORE = 0.5
+# turned faces at 0.75-0.80; with ONet's looks the non-faces stay 0.15 under DEFAULT_MIN_SCORE, held-out ones
+# too, and every annotated face at 40-100 px passes. Candidates from 0.3: from 0.5 the back model never proposed
+# one of those faces (about 2.5 times as many candidates a 1080p frame, each looked at close up).
+CANDIDATE_SCORE = 0.3
 VERIFY_ZOOMS = (1.8, 2.4, 3.0)
 ONET_ZOOMS = (1.0, 1.25)
 DEFAULT_MIN_SCORE = 0.83

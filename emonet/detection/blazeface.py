@@ -111,7 +111,7 @@ def weighted_nms(detections: np.ndarray, threshold: float) -> np.ndarray:
 # detection covering the crop's centre), and by MTCNN's ONet (.onet), trained on other data, at ONET_ZOOMS; the
 # score is the mean of the front model's look and ONet's two. Chosen on real photos with and without faces, and
 # on mosaics of the latter at many scales (docs/PERFORMANCE.md, *Face detection*): the front model alone left
-# the non-faces it was chosen on 0.1 under its threshold but a dog's face, held out, 0.1 less 0.004, and missed
+# the non-faces it was chosen on 0.1 under its threshold but a dog's face, held out, only 0.096 under, and missed
 # turned faces at 0.75-0.80; with ONet's looks the non-faces stay 0.15 under DEFAULT_MIN_SCORE, held-out ones
 # too, and every annotated face at 40-100 px passes. Candidates from 0.3: from 0.5 the back model never proposed
 # one of those faces (about 2.5 times as many candidates a 1080p frame, each looked at close up).
@@ -380,9 +380,11 @@ class BlazeFaceDetector(FaceDetector):
 
     def _verified(self, images: Sequence[Union[np.ndarray, torch.Tensor]],
                   candidates: list[np.ndarray], least: float) -> list[np.ndarray]:
-        """Each image's candidates re-scored by the close look (VERIFY_ZOOMS), those reaching ``least``, best
-        first: every image's crops in one call of the front model and one copy back."""
-        looks = [(image, faces[:, :4]) for image, faces in zip(images, candidates) if len(faces)]
+        """Each image's candidates re-scored by the close look (VERIFY_ZOOMS with the front model, ONET_ZOOMS with
+        ONet), those reaching ``least``, best first: every image's crops in one call of each network."""
+        # Each image on the device once, for both networks' crops.
+        looks = [(image if torch.is_tensor(image) else torch.from_numpy(np.ascontiguousarray(image)).to(self.device),
+                  faces[:, :4]) for image, faces in zip(images, candidates) if len(faces)]
         if not looks:
             return candidates
         crops = torch.cat([zoomed_crops(image, boxes, VERIFY_ZOOMS, self.verifier.size, self.device)

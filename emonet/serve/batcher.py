@@ -128,13 +128,11 @@ class Batcher:
             state.frames += 1
             found = found[:pipeline.max_faces] if pipeline.max_faces else found
             tracks = state.tracker.update(found, frame, start_score=threshold or 0.0)
-            # The detections the tracker took: those of the faces it follows, and new ones at the threshold.
-            taken = [d for d in found if any(t.det_frame == frame and np.array_equal(t.det_box, d[:4]) for t in tracks)]
-            faces = pipeline.plan([job.image], [np.asarray(taken).reshape(-1, 5)])
-            for f in faces:  # each detection's track: the one the tracker matched it to on this frame
-                track = next((t for t in tracks if t.det_frame == frame and np.array_equal(t.det_box, f.box)), None)
-                if track is None:  # (every detection is matched or new on its frame; never reached)
-                    raise RuntimeError("a detection without its track")
+            # The detections the tracker took, each with its track: those of the faces it follows, and new ones
+            # at the threshold.
+            taken = [(d, t) for d in found for t in tracks if t.det_frame == frame and np.array_equal(t.det_box, d[:4])]
+            faces = pipeline.plan([job.image], [np.asarray([d for d, _ in taken]).reshape(-1, 5)])
+            for f, (_, track) in zip(faces, taken):
                 planned.append(PlannedFace(i, frame, track.id, f.box, f.score, True, f.matrix))
                 smoothers.append(track.smoother if state.smooth else None)
         results = pipeline.collect(pipeline.launch(images, planned), smoothers)

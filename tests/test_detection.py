@@ -327,6 +327,36 @@ def test_zoomed_crops_larger_than_a_thin_image_stay_within_its_pyramid():
     assert crops.shape == (1, 3, 128, 128) and torch.isfinite(crops).all()
 
 
+def test_close_crops_of_many_images_at_once_equal_each_images_own(photo):
+    # The close look samples a batch of frames together (one pyramid, each look's crops side by side): a crop's
+    # values must not depend on what else is sampled with it, nor on the order of looks.
+    import torch
+
+    from emonet.detection.blazeface import close_crops, zoomed_crops
+
+    rng = np.random.default_rng(0)
+    frames = [photo, photo[:, ::-1].copy(), np.full((300, 500, 3), 90, np.uint8), photo[::-1].copy()]
+    boxes = [np.array([[175.0, 70.0, 275.0, 185.0], [-20.0, 400.0, 60.0, 480.0]]), np.zeros((0, 4)),
+             np.array([[100.0, 50.0, 180.0, 140.0]]), rng.uniform(0, 400, (3, 2)).repeat(2, axis=1) + [0, 0, 60, 60]]
+    looks = [((1.8, 2.4, 3.0), 128), ((1.0, 1.25), 192)]
+    together = close_crops(frames, boxes, looks, torch.device("cpu"))
+    for (zooms, size), crops in zip(looks, together):
+        alone = torch.cat([zoomed_crops(f, b, zooms, size, torch.device("cpu")) for f, b in zip(frames, boxes) if len(b)])
+        assert crops.shape == (6 * len(zooms), 3, size, size)
+        assert torch.equal(crops, alone)
+
+
+def test_merged_views_keep_a_face_once_the_best_box():
+    from emonet.detection.blazeface import merge_detections
+
+    whole = np.array([[10.0, 10.0, 50.0, 50.0, 0.6], [200.0, 200.0, 240.0, 240.0, 0.9]])
+    fine = np.array([[12.0, 11.0, 51.0, 52.0, 0.8], [100.0, 100.0, 110.0, 110.0, 0.4]])
+    merged = merge_detections([whole, fine, np.zeros((0, 5))])
+    np.testing.assert_array_equal(merged, [[200.0, 200.0, 240.0, 240.0, 0.9], [12.0, 11.0, 51.0, 52.0, 0.8],
+                                           [100.0, 100.0, 110.0, 110.0, 0.4]])
+    assert merge_detections([np.zeros((0, 5))]).shape == (0, 5)
+
+
 def test_fine_view_sizes_run_as_graphs_from_their_second_time_and_only_a_few():
     detector = BlazeFaceDetector("cpu")
     assert detector._graph_worth_it((256, 256))

@@ -172,68 +172,145 @@ def merge_detections(parts: Sequence[np.ndarray], iou: float = 0.3) -> np.ndarra
     """One image's detections from several views, a face once (the best-scoring box), best first."""
     faces = np.concatenate([p for p in parts if len(p)]) if any(len(p) for p in parts) else np.zeros((0, 5))
     faces = faces[np.argsort(-faces[:, 4])]
-    kept: list[np.ndarray] = []
-    for face in faces:
-        if all(_iou(face, other) <= iou for other in kept):
-            kept.append(face)
-    return np.array(kept) if kept else np.zeros((0, 5))
+    overlaps = _iou_matrix(faces[:, :4]) > iou
+    kept, covered = [], np.zeros(len(faces), bool)
+    for i in range(len(faces)):  # greedy: a face is left out only by one kept before it
+        if not covered[i]:
+            kept.append(i)
+            covered |= overlaps[i]
+    return faces[kept] if kept else np.zeros((0, 5))
 
 
-def _iou(a: np.ndarray, b: np.ndarray) -> float:
-    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+def _iou_matrix(boxes: np.ndarray) -> np.ndarray:
+    """IoU of every pair of ``x1, y1, x2, y2`` boxes (0 where the union is empty)."""
+    w = np.clip(np.minimum(boxes[:, None, 2], boxes[None, :, 2]) - np.maximum(boxes[:, None, 0], boxes[None, :, 0]), 0, None)
+    h = np.clip(np.minimum(boxes[:, None, 3], boxes[None, :, 3]) - np.maximum(boxes[:, None, 1], boxes[None, :, 1]), 0, None)
     inter = w * h
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    union = areas[:, None] + areas[None, :] - inter
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
 
 
 def zoomed_crops(image: Union[np.ndarray, torch.Tensor], boxes: np.ndarray, zooms: Sequence[float], size: int,
                  device: torch.device) -> torch.Tensor:
     """Square crops ``zoom`` times each box's longer side around its centre (black beyond the image), each
-    resampled to ``size``: ``(len(boxes) * len(zooms), 3, size, size)`` in [-1, 1] on ``device``, box by box.
+    resampled to ``size``: ``(len(boxes) * len(zooms), 3, size, size)`` in [-1, 1] on ``device``, box by box
+    (one image's; :func:`close_crops` makes many images' crops at once, the same values)."""
+    return close_crops([image], [boxes], [(zooms, size)], device)[0]
 
-    All of an image's crops in a few launches: each is sampled bilinearly from the level of a pyramid of
-    2x2 means (the image, halved again and again) where its step is 1 to 2 pixels, so a crop much larger
-    than ``size`` is not aliased; one sampling call per level.
+
+# Images of one size sampled together by close_crops, their pyramid held at once: at most this many, and of
+# this many pixels together (eight 1080p frames; a single larger image goes alone).
+CROP_BATCH = 8
+CROP_PIXELS = 1 << 24
+
+
+def close_crops(images: Sequence[Union[np.ndarray, torch.Tensor]], boxes: Sequence[np.ndarray],
+                looks: Sequence[tuple[Sequence[float], int]], device: torch.device) -> list[torch.Tensor]:
+    """Per look ``(zooms, size)``, the square crops ``zoom`` times each box's longer side around its centre
+    (black beyond the image), resampled to ``size``, of every image's boxes: ``(crops, 3, size, size)`` in
+    [-1, 1] on ``device``, image by image, box by box, zoom by zoom.
+
+    Each crop is sampled bilinearly from the level of a pyramid of 2x2 means (the image, halved again and
+    again) where its step is 1 to 2 pixels, so a crop much larger than ``size`` is not aliased. Images of one
+    size are sampled together (one pyramid for a batch of them; per look and level one sampling call, their
+    crops side by side): a crop's values do not depend on what else is sampled with it.
     """
-    frame = image if torch.is_tensor(image) else torch.from_numpy(np.ascontiguousarray(image))
-    level = frame.to(device, non_blocking=True).permute(2, 0, 1).float()[None]
-    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
-    zooms = np.asarray(zooms, np.float64)
-    sides = np.maximum(zooms[None, :] * np.maximum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1])[:, None], 2.0)
-    cx = np.repeat((boxes[:, 0] + boxes[:, 2]) / 2, len(zooms))
-    cy = np.repeat((boxes[:, 1] + boxes[:, 3]) / 2, len(zooms))
-    sides = sides.reshape(-1)
-    top = max(int(np.floor(np.log2(max(min(level.shape[-2:]), 1)))), 0)  # the image's last halving
-    levels = np.clip(np.floor(np.log2(np.maximum(sides / size, 1.0))), 0, top).astype(int)
-    # Per crop, the affine map from its own coordinates to its level's (grid_sample's: -1 and 1 are the outer
-    # edges of the first and last pixels), uploaded as a few numbers; the sampling grids are made on the device.
-    theta = np.zeros((len(sides), 2, 3), np.float32)
-    out = torch.empty((len(sides), 3, size, size), device=device)
-    for k in range(int(levels.max()) + 1 if len(sides) else 0):
-        if k:
-            level = torch.nn.functional.avg_pool2d(level, 2)  # halves (an odd last row or column is left out)
-        members = np.flatnonzero(levels == k)
-        if not len(members):
+    boxes = [np.asarray(b, np.float64).reshape(-1, 4) for b in boxes]
+    parts: list[list[tuple[np.ndarray, torch.Tensor]]] = [[] for _ in looks]  # per look: (output rows, crops)
+    counts = [sum(len(b) for b in boxes) * len(zooms) for zooms, _ in looks]
+    first = np.cumsum([0] + [len(b) for b in boxes])  # each image's first box, counted over all images
+    groups: dict = {}
+    for i, image in enumerate(images):
+        if len(boxes[i]):
+            groups.setdefault(tuple(image.shape[:2]), []).append(i)
+    for (height, width), members in groups.items():
+        step = max(1, min(CROP_BATCH, CROP_PIXELS // max(height * width, 1)))
+        for start in range(0, len(members), step):
+            batch = members[start:start + step]
+            level = _frames_on(device, [images[i] for i in batch])
+            top = max(int(np.floor(np.log2(max(min(level.shape[-2:]), 1)))), 0)  # the images' last halving
+            plans = [_crop_plan([boxes[i] for i in batch], [first[i] for i in batch], zooms, size, top)
+                     for zooms, size in looks]
+            for k in range(max(int(p[3].max()) for p in plans) + 1):
+                if k:
+                    level = torch.nn.functional.avg_pool2d(level, 2)  # halves (an odd last row or column is left out)
+                for n, ((zooms, size), (image, rows, geometry, levels)) in enumerate(zip(looks, plans)):
+                    chosen = np.flatnonzero(levels == k)
+                    if len(chosen):
+                        parts[n].append((rows[chosen], _sample(level, image[chosen], geometry[chosen], 2.0 ** k, size)))
+    out = []
+    for (zooms, size), count, found in zip(looks, counts, parts):
+        if not found:
+            out.append(torch.zeros((0, 3, size, size), device=device))
             continue
-        lh, lw = level.shape[-2:]
-        scale = 2.0 ** k  # image pixels per pixel of this level
-        theta[members, 0, 0] = sides[members] / (scale * lw)
-        theta[members, 0, 2] = 2 * cx[members] / (scale * lw) - 1
-        theta[members, 1, 1] = sides[members] / (scale * lh)
-        theta[members, 1, 2] = 2 * cy[members] / (scale * lh) - 1
-        maps = torch.from_numpy(theta[members])
-        if device.type == "cuda":
-            maps = maps.pin_memory().to(device, non_blocking=True)  # no wait for the queue ahead
-        grid = torch.nn.functional.affine_grid(maps, [len(members), 3, size, size], align_corners=False)
-        crops = torch.nn.functional.grid_sample(level.expand(len(members), -1, -1, -1), grid, mode="bilinear",
-                                                padding_mode="zeros", align_corners=False)
-        if len(members) == len(sides):
-            out = crops
-        else:
-            index = torch.from_numpy(members)
-            out[index.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else index] = crops
-    return out.div_(127.5).sub_(1.0)  # as the letterbox scales a whole image
+        rows = np.concatenate([r for r, _ in found])
+        crops = torch.cat([c for _, c in found])
+        if not np.array_equal(rows, np.arange(count)):  # back into image, box and zoom order
+            crops = crops[_to_device(torch.from_numpy(np.argsort(rows)), device)]
+        out.append(crops.div_(127.5).sub_(1.0))  # as the letterbox scales a whole image
+    return out
+
+
+def _frames_on(device: torch.device, images: Sequence[Union[np.ndarray, torch.Tensor]]) -> torch.Tensor:
+    """Images of one size as one ``(B, 3, H, W)`` float batch on ``device`` (host images uploaded as they are,
+    without a copy on the host first)."""
+    frames = [image.to(device, non_blocking=True) if torch.is_tensor(image)
+              else torch.from_numpy(np.ascontiguousarray(image)).to(device, non_blocking=True) for image in images]
+    frames = torch.stack(frames) if len(frames) > 1 else frames[0][None]
+    return frames.permute(0, 3, 1, 2).float()
+
+
+def _to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device``, without waiting for the queue ahead of it."""
+    return values.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else values
+
+
+def _crop_plan(boxes: Sequence[np.ndarray], firsts: Sequence[int], zooms: Sequence[float], size: int,
+               top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For images' boxes at ``zooms``: per crop its image (in the batch), its output row, ``(cx, cy, side)``
+    and its pyramid level (where its step is 1 to 2 pixels, at most ``top``)."""
+    zooms = np.asarray(zooms, np.float64)
+    image, rows, geometry = [], [], []
+    for b, (these, row) in enumerate(zip(boxes, firsts)):
+        sides = np.maximum(zooms[None, :] * np.maximum(these[:, 2] - these[:, 0], these[:, 3] - these[:, 1])[:, None], 2.0)
+        image.append(np.full(sides.size, b))
+        rows.append(row * len(zooms) + np.arange(sides.size))
+        geometry.append(np.stack([np.repeat((these[:, 0] + these[:, 2]) / 2, len(zooms)),
+                                  np.repeat((these[:, 1] + these[:, 3]) / 2, len(zooms)), sides.reshape(-1)], axis=1))
+    geometry = np.concatenate(geometry)
+    levels = np.clip(np.floor(np.log2(np.maximum(geometry[:, 2] / size, 1.0))), 0, top).astype(int)
+    return np.concatenate(image), np.concatenate(rows), geometry, levels
+
+
+def _sample(level: torch.Tensor, image: np.ndarray, geometry: np.ndarray, scale: float, size: int) -> torch.Tensor:
+    """Crops ``(cx, cy, side)`` (image pixels; ``scale`` of them a pixel of this level) of the batch's images
+    ``image``: ``(len(image), 3, size, size)``, in one sampling call with each image's crops side by side."""
+    n_images, _, lh, lw = level.shape
+    slot = np.zeros(len(image), int)  # each crop's place among its image's
+    for b in np.unique(image):
+        slot[image == b] = np.arange(np.count_nonzero(image == b))
+    width = int(slot.max()) + 1
+    # Per slot the affine map from the crop's own coordinates to the level's (grid_sample's: -1 and 1 are the
+    # outer edges of the first and last pixels); an empty slot samples far outside (black, then dropped).
+    maps = np.zeros((n_images, width, 4), np.float32)
+    maps[:, :, 1] = maps[:, :, 3] = -4.0
+    maps[image, slot, 0] = geometry[:, 2] / (scale * lw)
+    maps[image, slot, 1] = 2 * geometry[:, 0] / (scale * lw) - 1
+    maps[image, slot, 2] = geometry[:, 2] / (scale * lh)
+    maps[image, slot, 3] = 2 * geometry[:, 1] / (scale * lh) - 1
+    maps = _to_device(torch.from_numpy(maps), level.device)
+    steps = torch.arange(size, device=level.device, dtype=torch.float32).mul_(2.0 / size).add_(1.0 / size - 1.0)
+    x = maps[:, None, :, None, 0] * steps + maps[:, None, :, None, 1]              # (B, 1, slots, size)
+    y = maps[:, None, :, None, 2] * steps[:, None, None] + maps[:, None, :, None, 3]  # (B, size, slots, 1)
+    grid = torch.stack(torch.broadcast_tensors(x, y), dim=-1).reshape(n_images, size, width * size, 2)
+    crops = torch.nn.functional.grid_sample(level, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    crops = crops.reshape(n_images, 3, size, width, size).permute(0, 3, 1, 2, 4).reshape(n_images * width, 3, size, size)
+    keep = image * width + slot
+    if len(keep) < n_images * width:
+        crops = crops[_to_device(torch.from_numpy(keep), level.device)]
+    return crops
 
 
 def _blazeface_class() -> type:
@@ -358,8 +435,24 @@ class BlazeFaceDetector(FaceDetector):
         return parts, owners, [image.shape[:2] for image in images], (images if self.verify else None)
 
     def collect(self, handle: tuple, min_score: Optional[float] = None) -> list[np.ndarray]:
-        parts, owners, shapes, images = handle
         least = self.min_score if min_score is None else min_score
+        if not self.verify:
+            return self._candidates(handle, least)
+        candidates = self._candidates(handle, CANDIDATE_SCORE)
+        scores = self._close_look(handle[3], candidates)
+        out, start = [], 0
+        for faces in candidates:
+            faces = faces.copy()
+            faces[:, 4] = scores[start:start + len(faces)]
+            start += len(faces)
+            faces = faces[faces[:, 4] >= least]
+            out.append(faces[np.argsort(-faces[:, 4], kind="stable")])
+        return out
+
+    def _candidates(self, handle: tuple, least: float) -> list[np.ndarray]:
+        """Each image's detections over its views (whole, fine view, tiles), a face once: from CANDIDATE_SCORE
+        when verified, else from ``least``."""
+        parts, owners, shapes, images = handle
         per_view = [faces for part in parts for faces in self._collect(*part, floor=least)]
         found: list[list[np.ndarray]] = [[] for _ in shapes]
         for faces, (i, x, y, side) in zip(per_view, owners):
@@ -373,41 +466,26 @@ class BlazeFaceDetector(FaceDetector):
                     faces = _inside_tile(faces, x, y, side, shapes[i])
                     faces[:, :4] += [x, y, x, y]
             found[i].append(faces)
-        merged = [merge_detections(parts_) for parts_ in found]
-        if not self.verify:
-            return merged
-        return self._verified(images, merged, least)
+        return [merge_detections(parts_) for parts_ in found]
 
-    def _verified(self, images: Sequence[Union[np.ndarray, torch.Tensor]],
-                  candidates: list[np.ndarray], least: float) -> list[np.ndarray]:
-        """Each image's candidates re-scored by the close look (VERIFY_ZOOMS with the front model, ONET_ZOOMS with
-        ONet), those reaching ``least``, best first: every image's crops in one call of each network."""
-        # Each image on the device once, for both networks' crops.
-        looks = [(image if torch.is_tensor(image) else torch.from_numpy(np.ascontiguousarray(image)).to(self.device),
-                  faces[:, :4]) for image, faces in zip(images, candidates) if len(faces)]
-        if not looks:
-            return candidates
-        crops = torch.cat([zoomed_crops(image, boxes, VERIFY_ZOOMS, self.verifier.size, self.device)
-                           for image, boxes in looks])
-        front = self.verifier.centre_scores(crops).reshape(-1, len(VERIFY_ZOOMS)).mean(axis=1)
-        # ONet's crops as MTCNN makes them, by area: sampled at four times the size, then 4x4 means.
-        crops = torch.cat([zoomed_crops(image, boxes, ONET_ZOOMS, 4 * ONET_SIZE, self.device) for image, boxes in looks])
+    def _close_look(self, images: Sequence[Union[np.ndarray, torch.Tensor]], candidates: list[np.ndarray]) -> np.ndarray:
+        """The candidates' scores by the close look (VERIFY_ZOOMS with the front model, ONET_ZOOMS with ONet), image
+        by image: all images' crops in one call of each network, one copy back."""
+        looked = [(image, faces[:, :4]) for image, faces in zip(images, candidates) if len(faces)]
+        if not looked:
+            return np.zeros(0)
+        # ONet's crops as MTCNN makes them, by area: sampled at four times its size, then 4x4 means.
+        front, second = close_crops([image for image, _ in looked], [boxes for _, boxes in looked],
+                                    [(VERIFY_ZOOMS, self.verifier.size), (ONET_ZOOMS, 4 * ONET_SIZE)], self.device)
         with torch.inference_mode():
-            crops = torch.nn.functional.avg_pool2d(crops, 4)
-            second = self.second_opinion(onet_input(crops)).reshape(-1, len(ONET_ZOOMS)).double().cpu().numpy()
-        scores = (front + second.sum(axis=1)) / (1 + len(ONET_ZOOMS))
-        out, start = [], 0
-        for faces in candidates:
-            faces = faces.copy()
-            faces[:, 4] = scores[start:start + len(faces)]
-            start += len(faces)
-            faces = faces[faces[:, 4] >= least]
-            out.append(faces[np.argsort(-faces[:, 4], kind="stable")])
-        return out
+            front = self.verifier.centre_scores(front).double().reshape(-1, len(VERIFY_ZOOMS)).mean(dim=1)
+            second = self.second_opinion(onet_input(torch.nn.functional.avg_pool2d(second, 4)))
+            scores = (front + second.double().reshape(-1, len(ONET_ZOOMS)).sum(dim=1)) / (1 + len(ONET_ZOOMS))
+            return scores.cpu().numpy()
 
-    def centre_scores(self, crops: torch.Tensor) -> np.ndarray:
+    def centre_scores(self, crops: torch.Tensor) -> torch.Tensor:
         """Per crop (``(B, 3, S, S)`` network input), the best score of a detection whose box covers the crop's
-        centre: how surely a face fills it. Decoded on the device, one small copy back."""
+        centre: how surely a face fills it, ``(B,)`` on the device (decoded there, nothing copied back)."""
         net = self.net
         if not hasattr(self, "_anchors_dev"):
             self._anchors_dev = torch.tensor(self.anchors, device=self.device)
@@ -428,7 +506,7 @@ class BlazeFaceDetector(FaceDetector):
                 covers = ((xc - half_w) < 0.5) & ((xc + half_w) > 0.5) & ((yc - half_h) < 0.5) & ((yc + half_h) > 0.5)
                 p = torch.sigmoid(raw_scores[..., 0].clamp(-net.score_clipping_thresh, net.score_clipping_thresh))
                 scores.append(torch.where(covers, p, torch.zeros_like(p)).amax(dim=1)[:len(crops[start:start + self.max_batch])])
-        return torch.cat(scores).cpu().numpy().astype(np.float64)
+        return torch.cat(scores)
 
     def warmup(self, shape: tuple = (720, 1280, 3)) -> None:
         """Run every padded batch size once, the close look's too, so kernel selection and graph capture are

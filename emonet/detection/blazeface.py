@@ -471,11 +471,10 @@ class BlazeFaceDetector(FaceDetector):
     def _close_look(self, images: Sequence[Union[np.ndarray, torch.Tensor]], candidates: list[np.ndarray]) -> np.ndarray:
         """The candidates' scores by the close look (VERIFY_ZOOMS with the front model, ONET_ZOOMS with ONet), image
         by image: all images' crops in one call of each network, one copy back."""
-        looked = [(image, faces[:, :4]) for image, faces in zip(images, candidates) if len(faces)]
-        if not looked:
+        if not any(len(faces) for faces in candidates):
             return np.zeros(0)
         # ONet's crops as MTCNN makes them, by area: sampled at four times its size, then 4x4 means.
-        front, second = close_crops([image for image, _ in looked], [boxes for _, boxes in looked],
+        front, second = close_crops(images, [faces[:, :4] for faces in candidates],
                                     [(VERIFY_ZOOMS, self.verifier.size), (ONET_ZOOMS, 4 * ONET_SIZE)], self.device)
         with torch.inference_mode():
             front = self.verifier.centre_scores(front).double().reshape(-1, len(VERIFY_ZOOMS)).mean(dim=1)
@@ -531,13 +530,10 @@ class BlazeFaceDetector(FaceDetector):
         return batch, [(scale, 0, 0)] * len(images)
 
     def _resized(self, images: Sequence[Union[np.ndarray, torch.Tensor]], height: int, width: int) -> torch.Tensor:
-        """Images of one size, uploaded together and resized on the device (antialiased bilinear):
+        """Images of one size, uploaded and resized on the device (antialiased bilinear):
         ``(B, 3, height, width)`` in [-1, 1]."""
-        x = torch.stack([image if torch.is_tensor(image) else torch.from_numpy(np.ascontiguousarray(image))
-                         for image in images])
-        x = x.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
-        x = torch.nn.functional.interpolate(x, size=(height, width), mode="bilinear", antialias=True,
-                                            align_corners=False)
+        x = torch.nn.functional.interpolate(_frames_on(self.device, images), size=(height, width), mode="bilinear",
+                                            antialias=True, align_corners=False)
         return x / 127.5 - 1.0
 
     def _launch_fine(self, images: Sequence[np.ndarray]) -> tuple:

@@ -168,19 +168,20 @@ class Pipeline:
         return per_image
 
     def warmup(self, shape: tuple = (720, 1280, 3), log: Optional[Callable[[str], None]] = None) -> float:
-        """On a GPU, run detection, cropping, EmoNet and landmark decoding once on a blank ``shape`` image.
+        """On a GPU, run detection (its close look too), cropping, EmoNet and landmark decoding once on a blank
+        ``shape`` image.
 
         The engine warms itself at load; this pays the rest of the first image's one-off costs (the
-        detector's autotuning, lazy loading of the decoding kernels) and reports them on one line.
-        The CPU has nothing of the kind to pay ahead, nor has an engine built without warm-up, nor one that
-        prepares in the background: then one eager pass on a blank image loads the kernels the first images
-        would wait for, while its graphs are captured. ``log`` takes the report line (default: standard
-        error). Returns the seconds spent.
+        detector's autotuning and graphs, lazy loading of kernels) and reports them on one line. Where graphs
+        are prepared in the background it is one eager pass that loads the kernels the first images would
+        wait for, while the graphs are captured. Nothing on a CPU (nothing to pay ahead), nor for an engine
+        built without warm-up. ``log`` takes the report line (default: standard error). Returns the seconds
+        spent.
         """
         if self.engine.device.type != "cuda" or not self.engine.config.warmup:
             return 0.0
         t0 = time.perf_counter()
-        if not self.engine.config.background:
+        if self.detector is not None:
             self.detector.warmup(shape)
         h, w = shape[:2]
         self([np.zeros(shape, np.uint8)], boxes=[np.array([[w / 4, h / 4, w / 2, h / 2, 1.0]])])
@@ -218,7 +219,7 @@ class VideoPipeline:
     ``batch_size=1`` uses the previous frame's); detected frames are the same at any chunk size.
 
     Three steps a chunk, so that on a GPU the next chunk's detection runs while this one's results are
-    read: :meth:`detect` (queue the detector), :meth:`launch` (track, plan, crop, queue EmoNet),
+    read: :meth:`detect` (queue the detector, its close look too), :meth:`launch` (track, plan, crop, queue EmoNet),
     :meth:`finish` (collect the results, smooth, update the tracks).
     """
 
@@ -246,6 +247,12 @@ class VideoPipeline:
         with torch.cuda.stream(self.det_stream):
             return self.detector.launch([f.on_device(self.engine.device, self.det_stream) for f in frames])
 
+    def _advance_detector(self, handle):
+        # On the detector's stream, like its launch: the candidates' close look queued now waits for nothing of
+        # the previous chunk's EmoNet work, and is done by the time launch() collects it.
+        with torch.cuda.stream(self.det_stream) if self.det_stream is not None else contextlib.nullcontext():
+            return self.detector.advance(handle)
+
     def _collect_detector(self, handle) -> list:
         # On the detector's stream: its close look at the candidates (more network work) must not queue
         # behind, and wait for, the previous chunk's EmoNet work on the main stream.
@@ -253,7 +260,10 @@ class VideoPipeline:
             return self.detector.collect(handle, min_score=self.hold_score)
 
     def detect(self, chunk: list) -> tuple[list[bool], object]:
-        """Decide which frames of the chunk run the detector, and queue it on them (``launch`` collects).
+        """Decide which frames of the chunk run the detector, and queue it on them (``launch`` collects). A
+        detector that works in steps is taken one step on (:meth:`~emonet.detection.FaceDetector.advance`: the
+        close look at its candidates queued), which waits for its first network but not for the previous
+        chunk's EmoNet work, queued before: that runs meanwhile.
 
         Every ``detect_every``-th frame of the video, counted from its first, whatever the chunks; and the
         next frame whenever a face was lost or its landmarks broke their bounds (:func:`emonet.tracking.bound_box`).
@@ -264,7 +274,7 @@ class VideoPipeline:
             self.seen += 1
             self.need_detection = False
         picked = [f for f, d in zip(chunk, flags) if d]
-        return flags, (self._launch_detector(picked) if picked else None)
+        return flags, (self._advance_detector(self._launch_detector(picked)) if picked else None)
 
     def launch(self, chunk: list, flags: list[bool], handle) -> PendingChunk:
         """Track and plan every frame of the chunk, crop, and queue EmoNet (without waiting for it)."""

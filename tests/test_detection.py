@@ -253,6 +253,21 @@ def test_real_faces_score_well_above_the_threshold():
         assert face[4] >= DEFAULT_MIN_SCORE + 0.05
 
 
+def test_a_detection_advanced_before_it_is_collected_gives_the_same_faces(detector, photo):
+    # The video pipeline takes a detection one step on (its candidates decoded, their close look queued) before
+    # the previous chunk's results are read, and collects it after: the same faces as detect(), at any hold score.
+    images = [photo, np.full((300, 500, 3), 127, np.uint8), photo[::2, ::2].copy()]
+    for least in (None, 0.5):
+        advanced = detector.advance(detector.launch(images))
+        assert detector.advance(advanced) is advanced  # one step only
+        for a, b in zip(detector.collect(advanced, least), detector.collect(detector.launch(images), least)):
+            np.testing.assert_array_equal(a, b)
+    assert [len(f) for f in detector.collect(advanced)] == [1, 0, 1]
+    plain = BlazeFaceDetector("cpu", verify=False)
+    handle = plain.launch(images)
+    assert plain.advance(handle) is handle  # nothing to take on: collected as launched
+
+
 def test_faces_40_px_wide_in_a_1080p_photo_are_found():
     # Three copies of a real face, 40, 60 and 90 px wide, in a 1920x1080 real scene (scikit-learn's photo of
     # a temple, enlarged); the photo tool's detector (tiles, small tiles, the close look) finds each once

@@ -32,8 +32,14 @@ class FaceDetector:
         work and returns at once, so the caller can do something else meanwhile; the default just detects."""
         return self.detect(images)
 
+    def advance(self, handle):
+        """Take a :meth:`launch` one step on where a backend works in steps (the verified BlazeFace decodes its
+        candidates, waiting for its first network, and queues their close look), so that :meth:`collect` then
+        waits for less; a caller with other GPU work queued calls it before waiting for that. Default: as is."""
+        return handle
+
     def collect(self, handle, min_score: Optional[float] = None) -> list[np.ndarray]:
-        """The boxes of a :meth:`launch`, waiting for them if need be; ``min_score``, where the detector takes
+        """The boxes of a :meth:`launch` (advanced or not), waiting for them if need be; ``min_score``, where the detector takes
         it, reports faces down to that score instead of its own threshold (a tracker holding a face it follows)."""
         return handle
 

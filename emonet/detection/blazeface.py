@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -313,6 +314,24 @@ def _sample(level: torch.Tensor, image: np.ndarray, geometry: np.ndarray, scale:
     return crops
 
 
+@dataclass
+class _Looking:
+    """A verified detection advanced (see :meth:`BlazeFaceDetector.advance`): each image's candidates, and their
+    close-look scores on their way back."""
+
+    candidates: list[np.ndarray]
+    host: Optional[torch.Tensor]              # the scores, all candidates' in order (None: no candidate)
+    done: Optional["torch.cuda.Event"] = None  # on a GPU, recorded after their copy
+
+    def scores(self) -> np.ndarray:
+        """The scores, waiting for them if need be."""
+        if self.host is None:
+            return np.zeros(0)
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host.numpy()
+
+
 def _blazeface_class() -> type:
     """face-alignment's BlazeFace network class, loaded from its own module file.
 
@@ -434,14 +453,22 @@ class BlazeFaceDetector(FaceDetector):
                 owners += [(i, 0, 0, -1) for i in group]  # side -1: the fine view, in the image's own pixels
         return parts, owners, [image.shape[:2] for image in images], (images if self.verify else None)
 
-    def collect(self, handle: tuple, min_score: Optional[float] = None) -> list[np.ndarray]:
+    def advance(self, handle):
+        """Verified: the candidates decoded (waiting for the views' networks) and their close look queued; the
+        handle :meth:`collect` finishes without waiting for more than the close look's networks."""
+        if not self.verify or isinstance(handle, _Looking):
+            return handle
+        candidates = self._candidates(handle, CANDIDATE_SCORE)
+        return _Looking(candidates, *self._launch_close_look(handle[3], candidates))
+
+    def collect(self, handle, min_score: Optional[float] = None) -> list[np.ndarray]:
         least = self.min_score if min_score is None else min_score
         if not self.verify:
             return self._candidates(handle, least)
-        candidates = self._candidates(handle, CANDIDATE_SCORE)
-        scores = self._close_look(handle[3], candidates)
+        looking = self.advance(handle)
+        scores = looking.scores()
         out, start = [], 0
-        for faces in candidates:
+        for faces in looking.candidates:
             faces = faces.copy()
             faces[:, 4] = scores[start:start + len(faces)]
             start += len(faces)
@@ -468,11 +495,13 @@ class BlazeFaceDetector(FaceDetector):
             found[i].append(faces)
         return [merge_detections(parts_) for parts_ in found]
 
-    def _close_look(self, images: Sequence[Union[np.ndarray, torch.Tensor]], candidates: list[np.ndarray]) -> np.ndarray:
-        """The candidates' scores by the close look (VERIFY_ZOOMS with the front model, ONET_ZOOMS with ONet), image
-        by image: all images' crops in one call of each network, one copy back."""
+    def _launch_close_look(self, images: Sequence[Union[np.ndarray, torch.Tensor]],
+                           candidates: list[np.ndarray]) -> tuple[Optional[torch.Tensor], Optional["torch.cuda.Event"]]:
+        """Queue the candidates' scores by the close look (VERIFY_ZOOMS with the front model, ONET_ZOOMS with
+        ONet), image by image: all images' crops in one call of each network, on their way back in one copy
+        (the host tensor and, on a GPU, the event that says it has come)."""
         if not any(len(faces) for faces in candidates):
-            return np.zeros(0)
+            return None, None
         # ONet's crops as MTCNN makes them, by area: sampled at four times its size, then 4x4 means.
         front, second = close_crops(images, [faces[:, :4] for faces in candidates],
                                     [(VERIFY_ZOOMS, self.verifier.size), (ONET_ZOOMS, 4 * ONET_SIZE)], self.device)
@@ -480,7 +509,17 @@ class BlazeFaceDetector(FaceDetector):
             front = self.verifier.centre_scores(front).double().reshape(-1, len(VERIFY_ZOOMS)).mean(dim=1)
             second = self.second_opinion(onet_input(torch.nn.functional.avg_pool2d(second, 4)))
             scores = (front + second.double().reshape(-1, len(ONET_ZOOMS)).sum(dim=1)) / (1 + len(ONET_ZOOMS))
-            return scores.cpu().numpy()
+            if self.device.type != "cuda":
+                return scores, None
+            host = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True)
+            host.copy_(scores, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            return host, done
+
+    def _close_look(self, images: Sequence[Union[np.ndarray, torch.Tensor]], candidates: list[np.ndarray]) -> np.ndarray:
+        """The candidates' scores by the close look (see :meth:`_launch_close_look`), waited for."""
+        return _Looking(candidates, *self._launch_close_look(images, candidates)).scores()
 
     def centre_scores(self, crops: torch.Tensor) -> torch.Tensor:
         """Per crop (``(B, 3, S, S)`` network input), the best score of a detection whose box covers the crop's
@@ -508,12 +547,20 @@ class BlazeFaceDetector(FaceDetector):
         return torch.cat(scores)
 
     def warmup(self, shape: tuple = (720, 1280, 3)) -> None:
-        """Run every padded batch size once, the close look's too, so kernel selection and graph capture are
-        paid at load, not on real frames (a blank image has no candidate to look at)."""
+        """Pay at load what the first images would: every padded batch size once, the close look's too, so
+        kernel selection and graph capture are done before real images. In the background mode (its graphs
+        captured in a thread of their own) one eager pass instead, the close look included: the kernels the
+        first frames would wait for are loaded."""
         blank = np.zeros(shape, np.uint8)
-        for b in (1 << k for k in range(self.max_batch.bit_length())):
+        sizes = [1] if self.background else [1 << k for k in range(self.max_batch.bit_length())]
+        for b in sizes:
             self.detect([blank] * b)
-        if self.verifier is not None:
+        if self.verifier is None:
+            return
+        # A blank image has no candidate: the close look (its crops, both networks) on a made-up one.
+        h, w = shape[:2]
+        self._close_look([blank], [np.array([[w / 4, h / 4, w / 2, h / 2, 1.0]])])
+        if not self.background:
             for b in (1 << k for k in range(self.verifier.max_batch.bit_length())):
                 self.verifier.centre_scores(torch.zeros(b, 3, self.verifier.size, self.verifier.size, device=self.device))
 

@@ -192,6 +192,13 @@ class Pipeline:
         return seconds
 
 
+# In video the detector looks for small faces (its fine view: faces under its small_face_limit) on every
+# SMALL_FACES_EVERY-th periodic detection frame, and on every detection after a face was lost; on the others it
+# sees the whole frame only, which finds every face from that limit on, and small faces already followed are
+# followed on from their landmarks. A new small face is found within detect_every * SMALL_FACES_EVERY frames
+# (half a second at 30 frames/s by default); the fine view is most of the detector's cost (docs/PERFORMANCE.md).
+SMALL_FACES_EVERY = 3
+
 # Hysteresis: a face the tracker already follows is kept down to HOLD_MARGIN under the detector's threshold,
 # while a new face needs the threshold itself. A real face in compressed video dips under it from frame to
 # frame (a real 640x360 clip: a quarter of its detection frames within 0.07 under the threshold, with the close
@@ -211,10 +218,11 @@ class PendingChunk:
 class VideoPipeline:
     """Frames in chunks -> per frame, its faces' results, with tracking between detections.
 
-    The detector runs on every ``detect_every``-th frame, and on the next frame whenever a face was lost or
-    its landmarks broke the bounds its last detection sets; faces are tracked with stable ids
-    (:class:`~emonet.tracking.Tracker`), and between detections each face is cropped from its last
-    landmarks' box by the training convention, held to its last detection (:func:`~emonet.tracking.bound_box`). Within a chunk, a frame between
+    The detector runs on every ``detect_every``-th frame, looking for small faces on every
+    SMALL_FACES_EVERY-th of those, and on the next frame whenever a face was lost or its landmarks broke the
+    bounds its last detection sets; faces are tracked with stable ids (:class:`~emonet.tracking.Tracker`),
+    and between detections each face is cropped from its last landmarks' box by the training convention,
+    held to its last detection (:func:`~emonet.tracking.bound_box`). Within a chunk, a frame between
     detections takes the landmarks of the last chunk's frames (a trade of crop freshness for batching:
     ``batch_size=1`` uses the previous frame's); detected frames are the same at any chunk size.
 
@@ -235,17 +243,18 @@ class VideoPipeline:
         self.hold_score = threshold - HOLD_MARGIN if threshold is not None else None
         self.need_detection = True
         self.seen = 0  # frames of the video so far: the periodic detections fall on the same frames at any chunk size
+        self._whole_only: set[int] = set()  # frames whose detection did not look for small faces (see SMALL_FACES_EVERY)
         # The detector gets a stream of its own: a chunk's detection then runs beside, and waits for
         # nothing of, the previous chunk's EmoNet work; high priority, so its few small kernels get the
         # SMs as EmoNet's blocks finish instead of queueing behind all of them.
         gpu = self.engine.device.type == "cuda"
         self.det_stream = torch.cuda.Stream(self.engine.device, priority=-1) if gpu else None
 
-    def _launch_detector(self, frames: list):
+    def _launch_detector(self, frames: list, small: Optional[list[bool]] = None):
         if self.det_stream is None:
-            return self.detector.launch([f.image for f in frames])
+            return self.detector.launch([f.image for f in frames], small)
         with torch.cuda.stream(self.det_stream):
-            return self.detector.launch([f.on_device(self.engine.device, self.det_stream) for f in frames])
+            return self.detector.launch([f.on_device(self.engine.device, self.det_stream) for f in frames], small)
 
     def _advance_detector(self, handle):
         # On the detector's stream, like its launch: the candidates' close look queued now waits for nothing of
@@ -265,24 +274,36 @@ class VideoPipeline:
         close look at its candidates queued), which waits for its first network but not for the previous
         chunk's EmoNet work, queued before: that runs meanwhile.
 
-        Every ``detect_every``-th frame of the video, counted from its first, whatever the chunks; and the
-        next frame whenever a face was lost or its landmarks broke their bounds (:func:`emonet.tracking.bound_box`).
+        Every ``detect_every``-th frame of the video, counted from its first, whatever the chunks, small faces
+        looked for on every SMALL_FACES_EVERY-th of them; and the next frame, small faces too, whenever a face
+        was lost or its landmarks broke their bounds (:func:`emonet.tracking.bound_box`).
         """
-        flags = []
-        for _ in chunk:
-            flags.append(self.need_detection or self.seen % self.detect_every == 0)
+        flags, small = [], []
+        for frame in chunk:
+            full = self.need_detection or self.seen % (self.detect_every * SMALL_FACES_EVERY) == 0
+            flags.append(full or self.seen % self.detect_every == 0)
+            small.append(full)
+            if flags[-1] and not full:
+                self._whole_only.add(frame.index)
             self.seen += 1
             self.need_detection = False
-        picked = [f for f, d in zip(chunk, flags) if d]
-        return flags, (self._advance_detector(self._launch_detector(picked)) if picked else None)
+        picked = [(f, s) for f, s, d in zip(chunk, small, flags) if d]
+        if not picked:
+            return flags, None
+        return flags, self._advance_detector(self._launch_detector([f for f, _ in picked], [s for _, s in picked]))
 
     def launch(self, chunk: list, flags: list[bool], handle) -> PendingChunk:
         """Track and plan every frame of the chunk, crop, and queue EmoNet (without waiting for it)."""
         boxes = self._collect_detector(handle) if handle is not None else []
         if self.need_detection:  # the previous chunk lost a face after this one's detection was planned
-            if not flags[0]:
-                flags[0] = True
-                boxes.insert(0, self._collect_detector(self._launch_detector(chunk[:1]))[0])
+            if not flags[0] or chunk[0].index in self._whole_only:  # look again, for small faces too
+                found = self._collect_detector(self._launch_detector(chunk[:1]))[0]
+                if flags[0]:
+                    boxes[0] = found
+                else:
+                    flags[0] = True
+                    boxes.insert(0, found)
+                self._whole_only.discard(chunk[0].index)
             self.need_detection = False
         detections = iter(boxes)
         planned, tracks = [], []
@@ -290,8 +311,12 @@ class VideoPipeline:
         for i, (frame, is_det) in enumerate(zip(chunk, flags)):
             if is_det:
                 dets = next(detections)
+                unseen = 0.0
+                if frame.index in self._whole_only:
+                    self._whole_only.discard(frame.index)
+                    unseen = self.detector.small_face_limit(frame.shape)
                 followed = self.tracker.update(dets[:max_faces] if max_faces else dets, frame.index,
-                                               start_score=self.start_score)
+                                               start_score=self.start_score, unseen_below=unseen)
                 if max_faces:  # those seen on this frame come first
                     followed = sorted(followed, key=lambda t: t.det_frame != frame.index)[:max_faces]
             else:

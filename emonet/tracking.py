@@ -127,11 +127,16 @@ class Tracker:
         """Tracks matched at the last detection: the faces to predict."""
         return [t for t in self.tracks if t.missed == 0]
 
-    def update(self, detections: np.ndarray, frame: int = 0, start_score: float = 0.0) -> list[Track]:
+    def update(self, detections: np.ndarray, frame: int = 0, start_score: float = 0.0,
+               unseen_below: float = 0.0) -> list[Track]:
         """Match ``(k, 5)`` detections of frame ``frame`` to tracks (new ids for the unmatched that score at
         least ``start_score``); return the active tracks. A face already followed is kept by any detection given,
         so a detector asked for faces below its threshold holds a face that dips under it (hysteresis) while a
-        new face still needs the threshold."""
+        new face still needs the threshold. ``unseen_below``: the detector did not look for faces under this
+        size (a box's longer side) on this frame, though it may have found some: a track of such a face (by its
+        last detection box) left unmatched is followed on as it was, not counted as missed, and such a
+        detection left unmatched starts no track (it may be a followed face moved out of matching reach: the
+        next frame that looks for small faces decides)."""
         pairs = sorted(((self._affinity(t, d[:4]), ti, di)
                         for ti, t in enumerate(self.tracks) for di, d in enumerate(detections)), reverse=True)
         matched_t, matched_d = set(), set()
@@ -146,11 +151,14 @@ class Tracker:
             t.detected_since, t.det_frame = True, frame
         for ti, t in enumerate(self.tracks):
             if ti not in matched_t:
+                ref = t.det_box if t.det_box is not None else t.box
+                if t.missed == 0 and max(ref[2] - ref[0], ref[3] - ref[1]) < unseen_below:
+                    continue  # not looked for: still followed from its landmarks
                 t.missed += 1
                 t.landmarks = t.crop_box = None  # stale: a re-found face is re-cropped from its detector box
         self.tracks = [t for t in self.tracks if t.missed <= self.max_missed]
         for di, d in enumerate(detections):
-            if di not in matched_d and d[4] >= start_score:
+            if di not in matched_d and d[4] >= start_score and max(d[2] - d[0], d[3] - d[1]) >= unseen_below:
                 box = d[:4].astype(np.float64)
                 self.tracks.append(Track(self._next_id, box, float(d[4]), det_box=box, det_frame=frame))
                 self._next_id += 1

@@ -43,6 +43,21 @@ def test_a_one_frame_detector_miss_keeps_the_id():
     assert tracker.update(face + [3, 0, 3, 0, 0])[0].id == 0
 
 
+def test_a_small_face_the_detector_did_not_look_for_is_followed_on_not_missed():
+    # A whole-frame-only detection (a video's frames between two looks for small faces) cannot see faces under
+    # its limit: those it did not find stay followed with their landmarks, and a small face it found that matches
+    # none starts no track; a larger face it missed is a miss.
+    tracker = Tracker(max_missed=0)
+    small, large = np.array([10, 10, 40, 45, 0.9]), np.array([100, 100, 300, 320, 0.9])
+    tracker.update(np.stack([small, large]))
+    for track in tracker.tracks:
+        track.set_landmarks(np.random.default_rng(track.id).uniform(track.box[0], track.box[2], (68, 2)), 0)
+    moved = small + [60, 0, 60, 0, 0]  # found all the same, too far to match: it may be the followed face
+    followed = tracker.update(moved[None], frame=5, unseen_below=100.0)
+    assert [t.id for t in followed] == [0] and followed[0].crop_box is not None and followed[0].det_frame == 0
+    assert tracker.update(np.zeros((0, 5)), frame=10) == []  # looked for and not found: missed
+
+
 def test_iou():
     assert iou(np.array([0, 0, 10, 10]), np.array([5, 0, 15, 10])) == pytest.approx(50 / 150)
     assert iou(np.array([0, 0, 1, 1]), np.array([2, 2, 3, 3])) == 0.0

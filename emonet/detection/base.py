@@ -27,10 +27,17 @@ class FaceDetector:
         """Per image, an ``(k, 5)`` array ``x1, y1, x2, y2, score``, best first."""
         raise NotImplementedError
 
-    def launch(self, images: Sequence[np.ndarray]):
+    def launch(self, images: Sequence[np.ndarray], small: Optional[Sequence[bool]] = None):
         """Start detecting; :meth:`collect` returns what :meth:`detect` would. A GPU backend queues its
-        work and returns at once, so the caller can do something else meanwhile; the default just detects."""
+        work and returns at once, so the caller can do something else meanwhile; the default just detects.
+        ``small`` (per image; default all) says whether to look for faces under :meth:`small_face_limit` too,
+        where the detector looks for them apart (a video's frames between two such looks need not)."""
         return self.detect(images)
+
+    def small_face_limit(self, shape: tuple) -> float:
+        """The size (a face box's longer side, px) under which a face of an image of ``shape`` is found only
+        when ``launch`` is asked to look for small faces; 0: every face is looked for every time (default)."""
+        return 0.0
 
     def advance(self, handle):
         """Take a :meth:`launch` one step on where a backend works in steps (the verified BlazeFace decodes its

@@ -135,6 +135,10 @@ FINE_SCALE = 0.6
 FINE_MAX_SIDE = 1536
 # Over this long side (4K frames, scans, mosaics) the image is also searched in overlapping tiles (see tile_grid).
 TILES_FROM = 2560
+# A face at least this many pixels of the whole view's input (its box's longer side) is found by the whole view
+# alone: on VOC faces pasted into 1080p frames (docs/PERFORMANCE.md, *Face detection*), from 24 px (180 px of a
+# 1080p frame) it found every face the fine view and close look found; from 11 px most, not all.
+WHOLE_VIEW_LEAST = 24
 
 
 def tile_grid(height: int, width: int, least: int) -> list[tuple[int, int, int]]:
@@ -430,13 +434,21 @@ class BlazeFaceDetector(FaceDetector):
     def detect(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
         return self.collect(self.launch(images))
 
-    def launch(self, images: Sequence[np.ndarray]) -> tuple:
+    def small_face_limit(self, shape: tuple) -> float:
+        """Faces under this size (longer side, px) in an image of ``shape`` are found only by the fine view and
+        tiles (see WHOLE_VIEW_LEAST); 0 for an image those do not search."""
+        long = max(shape[:2])
+        return WHOLE_VIEW_LEAST * long / self.size if self.tiles and long > FINE_FROM * self.size else 0.0
+
+    def launch(self, images: Sequence[np.ndarray], small: Optional[Sequence[bool]] = None) -> tuple:
+        """Queue every view of the images (``small``: per image, whether the fine view and tiles too; default
+        all); :meth:`collect` decodes them."""
         views, owners = [], []  # every image whole, then its tiles: (image index, x, y, tile side or 0)
         fine: dict[tuple, list[int]] = {}  # the images seen in the fine view, by size
         for i, image in enumerate(images):
             views.append(image)
             owners.append((i, 0, 0, 0))
-            if not self.tiles:
+            if not self.tiles or (small is not None and not small[i]):
                 continue
             long = max(image.shape[:2])
             if long > FINE_FROM * self.size:

@@ -173,7 +173,8 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                                 "first rows sooner, larger adds little)")
     run_group.add_argument("--detect-every", type=int, default=5,
                            help="run the face detector every N frames, and whenever a face is lost; in between, "
-                                "crop from the last landmarks (default: 5)")
+                                "crop from the last landmarks (default: 5). Faces under about 180 px wide in 1080p "
+                                "are looked for on every third such frame, followed between")
     # What --small-faces asked for is the default now: accepted, so that scripts written for it still run.
     run_group.add_argument("--small-faces", action="store_true", help=argparse.SUPPRESS)
     run_group.add_argument("--decoder", choices=("auto", "cpu", "nvdec"), default="auto",

@@ -219,8 +219,9 @@ class VideoPipeline:
     """Frames in chunks -> per frame, its faces' results, with tracking between detections.
 
     The detector runs on every ``detect_every``-th frame, looking for small faces on every
-    SMALL_FACES_EVERY-th of those, and on the next frame whenever a face was lost or its landmarks broke the
-    bounds its last detection sets; faces are tracked with stable ids (:class:`~emonet.tracking.Tracker`),
+    SMALL_FACES_EVERY-th of those, and, looking for small faces too, on the next chunk's first frame whenever a
+    frame had no face, a face left the frame or its landmarks broke the bounds its last detection sets (the next
+    frame at ``batch_size=1``); faces are tracked with stable ids (:class:`~emonet.tracking.Tracker`),
     and between detections each face is cropped from its last landmarks' box by the training convention,
     held to its last detection (:func:`~emonet.tracking.bound_box`). Within a chunk, a frame between
     detections takes the landmarks of the last chunk's frames (a trade of crop freshness for batching:
@@ -258,7 +259,7 @@ class VideoPipeline:
 
     def _advance_detector(self, handle):
         # On the detector's stream, like its launch: the candidates' close look queued now waits for nothing of
-        # the previous chunk's EmoNet work, and is done by the time launch() collects it.
+        # the previous chunk's EmoNet work, and has mostly finished by the time launch() collects it.
         with torch.cuda.stream(self.det_stream) if self.det_stream is not None else contextlib.nullcontext():
             return self.detector.advance(handle)
 
@@ -275,15 +276,19 @@ class VideoPipeline:
         chunk's EmoNet work, queued before: that runs meanwhile.
 
         Every ``detect_every``-th frame of the video, counted from its first, whatever the chunks, small faces
-        looked for on every SMALL_FACES_EVERY-th of them; and the next frame, small faces too, whenever a face
-        was lost or its landmarks broke their bounds (:func:`emonet.tracking.bound_box`).
+        looked for on every SMALL_FACES_EVERY-th of them; and the chunk's first frame, small faces too, when the
+        previous chunk lost a face or broke its bounds (:func:`emonet.tracking.bound_box`) before this was
+        called (else :meth:`launch` sees to it).
         """
         flags, small = [], []
         for frame in chunk:
             full = self.need_detection or self.seen % (self.detect_every * SMALL_FACES_EVERY) == 0
             flags.append(full or self.seen % self.detect_every == 0)
-            small.append(full)
-            if flags[-1] and not full:
+            # A frame whose small faces the detector does not look for apart (a small frame, another detector)
+            # is never whole-only: all of it is looked at every time.
+            whole_only = flags[-1] and not full and self.detector.small_face_limit(frame.shape) > 0
+            small.append(not whole_only)
+            if whole_only:
                 self._whole_only.add(frame.index)
             self.seen += 1
             self.need_detection = False
@@ -317,10 +322,12 @@ class VideoPipeline:
                     unseen = self.detector.small_face_limit(frame.shape)
                 followed = self.tracker.update(dets[:max_faces] if max_faces else dets, frame.index,
                                                start_score=self.start_score, unseen_below=unseen)
-                if max_faces:  # those seen on this frame come first
-                    followed = sorted(followed, key=lambda t: t.det_frame != frame.index)[:max_faces]
+                if max_faces:  # those seen on this frame come first, then the most recently detected
+                    followed = sorted(followed, key=lambda t: -t.det_frame)[:max_faces]
             else:
                 followed = self.tracker.active
+                if max_faces:  # a small face followed unseen beside a new one: the most recently detected
+                    followed = sorted(followed, key=lambda t: -t.det_frame)[:max_faces]
             for track in followed:
                 if track.det_frame == frame.index:  # the detector saw it on this frame
                     box = track.box.copy()  # a snapshot: a later frame of the chunk moves the track on

@@ -152,8 +152,8 @@ class Tracker:
         for ti, t in enumerate(self.tracks):
             if ti not in matched_t:
                 ref = t.det_box if t.det_box is not None else t.box
-                if t.missed == 0 and max(ref[2] - ref[0], ref[3] - ref[1]) < unseen_below:
-                    continue  # not looked for: still followed from its landmarks
+                if max(ref[2] - ref[0], ref[3] - ref[1]) < unseen_below:
+                    continue  # not looked for: followed on from its landmarks (or, missed before, waits as it is)
                 t.missed += 1
                 t.landmarks = t.crop_box = None  # stale: a re-found face is re-cropped from its detector box
         self.tracks = [t for t in self.tracks if t.missed <= self.max_missed]

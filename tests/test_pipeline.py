@@ -98,6 +98,39 @@ def test_small_faces_are_found_and_followed_in_video(reference_model):
     assert all(len(faces) == 1 for faces in _video(capped, frames[:3], chunk=3, detect_every=2))
 
 
+def test_a_face_lost_after_the_next_chunk_was_queued_is_looked_for_again_small_ones_too(reference_model):
+    # The video tool queues chunk n's detection before it reads chunk n - 1's results. Frame 4 (detector on every
+    # second frame) does not look for small faces; when chunk n - 1 lost a face, it is looked at again, small
+    # faces too: the 40- and 60-px faces are detected there, not only followed.
+    scene, _ = small_faces_scene(widths=(40, 60), places=((300, 700), (1000, 200)))
+    frames = [Frame(index=i, timestamp=i / 30, host=scene) for i in range(6)]
+    pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)), BlazeFaceDetector("cpu"))
+    for lost in (False, True):
+        video = VideoPipeline(pipeline, detect_every=2)
+        flags, handle = video.detect(frames[:4])
+        pending = video.launch(frames[:4], flags, handle)
+        flags, handle = video.detect(frames[4:])  # queued before the last chunk's results are read, as the tool does
+        video.finish(pending)
+        video.need_detection = lost  # what finish() decides when a face was lost or broke its bounds
+        results = video.finish(video.launch(frames[4:], flags, handle))
+        assert sorted((f.face_id, f.detected) for f in results[0]) == [(0, lost), (1, lost)], lost
+
+
+def test_at_most_max_faces_a_frame_while_a_small_face_is_followed_unseen(reference_model):
+    # max_faces=1: the best small face is followed from frame 0; on frame 2 (the whole frame only) a large face
+    # appears and starts a track while the small one is followed on unseen: still one face a frame, the newest.
+    scene, _ = small_faces_scene(widths=(40, 60), places=((300, 700), (1000, 200)))
+    crowded, truth = small_faces_scene(widths=(40, 60, 300), places=((300, 700), (1000, 200), (1220, 330)))
+    frames = [Frame(index=i, timestamp=i / 30, host=scene if i < 2 else crowded) for i in range(5)]
+    pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)), BlazeFaceDetector("cpu"),
+                        max_faces=1)
+    results = _video(pipeline, frames, chunk=5, detect_every=2)
+    assert [len(faces) for faces in results] == [1] * 5
+    large = results[2][0]
+    assert large.detected and iou(large.box, truth[2]) > 0.5
+    assert [faces[0].face_id for faces in results[2:]] == [large.face_id] * 3
+
+
 def test_a_video_of_no_face_reports_none_with_the_close_look(reference_model):
     # The video detector looks at every candidate close up, as the photo tool does: a flower is no face, even
     # 0.1 under the threshold.

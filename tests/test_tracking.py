@@ -58,6 +58,18 @@ def test_a_small_face_the_detector_did_not_look_for_is_followed_on_not_missed():
     assert tracker.update(np.zeros((0, 5)), frame=10) == []  # looked for and not found: missed
 
 
+def test_a_small_face_missed_once_waits_through_frames_that_did_not_look_for_it():
+    # Missed on a frame that looked for small faces (a one-frame miss keeps the id), then frames that did not
+    # look: not counted against it; found on the next frame that looks, it keeps its id.
+    tracker = Tracker()
+    small = np.array([[10, 10, 40, 45, 0.9]])
+    tracker.update(small, frame=0)
+    assert tracker.update(np.zeros((0, 5)), frame=15) == []  # missed once: not followed, remembered
+    for frame in (20, 25):
+        assert tracker.update(np.zeros((0, 5)), frame=frame, unseen_below=100.0) == []
+    assert [t.id for t in tracker.update(small + [2, 0, 2, 0, 0], frame=30)] == [0]
+
+
 def test_iou():
     assert iou(np.array([0, 0, 10, 10]), np.array([5, 0, 15, 10])) == pytest.approx(50 / 150)
     assert iou(np.array([0, 0, 1, 1]), np.array([2, 2, 3, 3])) == 0.0

@@ -322,12 +322,10 @@ class VideoPipeline:
                     unseen = self.detector.small_face_limit(frame.shape)
                 followed = self.tracker.update(dets[:max_faces] if max_faces else dets, frame.index,
                                                start_score=self.start_score, unseen_below=unseen)
-                if max_faces:  # those seen on this frame come first, then the most recently detected
-                    followed = sorted(followed, key=lambda t: -t.det_frame)[:max_faces]
             else:
                 followed = self.tracker.active
-                if max_faces:  # a small face followed unseen beside a new one: the most recently detected
-                    followed = sorted(followed, key=lambda t: -t.det_frame)[:max_faces]
+            if max_faces:  # the most recently detected first (a small face followed unseen beside a new one)
+                followed = sorted(followed, key=lambda t: -t.det_frame)[:max_faces]
             for track in followed:
                 if track.det_frame == frame.index:  # the detector saw it on this frame
                     box = track.box.copy()  # a snapshot: a later frame of the chunk moves the track on

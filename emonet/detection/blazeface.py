@@ -272,6 +272,18 @@ def _to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
     return values.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else values
 
 
+def _to_host(values: torch.Tensor) -> tuple[torch.Tensor, Optional["torch.cuda.Event"]]:
+    """A device tensor on its way to pinned host memory, and the event recorded after its copy (on the CPU: the
+    tensor itself, and None)."""
+    if values.device.type != "cuda":
+        return values, None
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host, done
+
+
 def _crop_plan(boxes: Sequence[np.ndarray], firsts: Sequence[int], zooms: Sequence[float], size: int,
                top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """For images' boxes at ``zooms``: per crop its image (in the batch), its output row, ``(cx, cy, side)``
@@ -520,14 +532,7 @@ class BlazeFaceDetector(FaceDetector):
         with torch.inference_mode():
             front = self.verifier.centre_scores(front).double().reshape(-1, len(VERIFY_ZOOMS)).mean(dim=1)
             second = self.second_opinion(onet_input(torch.nn.functional.avg_pool2d(second, 4)))
-            scores = (front + second.double().reshape(-1, len(ONET_ZOOMS)).sum(dim=1)) / (1 + len(ONET_ZOOMS))
-            if self.device.type != "cuda":
-                return scores, None
-            host = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True)
-            host.copy_(scores, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
-            return host, done
+            return _to_host((front + second.double().reshape(-1, len(ONET_ZOOMS)).sum(dim=1)) / (1 + len(ONET_ZOOMS)))
 
     def _close_look(self, images: Sequence[Union[np.ndarray, torch.Tensor]], candidates: list[np.ndarray]) -> np.ndarray:
         """The candidates' scores by the close look (see :meth:`_launch_close_look`), waited for."""
@@ -612,14 +617,7 @@ class BlazeFaceDetector(FaceDetector):
             raw_boxes, raw_scores = self._forward(x)
             # Decoded on the CPU after one copy (57 KB an image, 0.7 MB in the fine view of a 1080p frame): as
             # GPU launches, its dozens of tiny operations and a sync per image cost more than the network itself.
-            raw = torch.cat([raw_boxes[:n], raw_scores[:n]], dim=2).float()
-            if self.device.type != "cuda":
-                return raw, None, params, cells
-            host = torch.empty(raw.shape, dtype=raw.dtype, pin_memory=True)
-            host.copy_(raw, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
-            return host, done, params, cells
+            return (*_to_host(torch.cat([raw_boxes[:n], raw_scores[:n]], dim=2).float()), params, cells)
 
     def _collect(self, raw: torch.Tensor, done: Optional["torch.cuda.Event"], params: list,
                  cells: tuple[int, int] = (16, 16), floor: Optional[float] = None) -> list[np.ndarray]:

@@ -193,8 +193,8 @@ class Pipeline:
 
 
 # In video the detector looks for small faces (its fine view: faces under its small_face_limit) on every
-# SMALL_FACES_EVERY-th periodic detection frame, and on every detection after a face was lost; on the others it
-# sees the whole frame only, which finds every face from that limit on, and small faces already followed are
+# SMALL_FACES_EVERY-th periodic detection frame, and on the detection after a small face was lost; on the others
+# it sees the whole frame only, which finds every face from that limit on, and small faces already followed are
 # followed on from their landmarks. A new small face is found within detect_every * SMALL_FACES_EVERY frames
 # (half a second at 30 frames/s by default); the fine view is most of the detector's cost (docs/PERFORMANCE.md).
 SMALL_FACES_EVERY = 3
@@ -204,6 +204,16 @@ SMALL_FACES_EVERY = 3
 # frame (a real 640x360 clip: a quarter of its detection frames within 0.07 under the threshold, with the close
 # look's front model alone); a face-like thing never starts a track.
 HOLD_MARGIN = 0.1
+
+
+@dataclass
+class QueuedDetection:
+    """A chunk's detection on its way (see :meth:`VideoPipeline.detect`): the detector's handle, whether its first
+    image is the chunk's first frame held in standby, and the frames whose detection looks at the whole frame only."""
+
+    handle: object
+    standby: bool = False
+    whole_only: frozenset = frozenset()
 
 
 @dataclass
@@ -219,21 +229,25 @@ class VideoPipeline:
     """Frames in chunks -> per frame, its faces' results, with tracking between detections.
 
     The detector runs on every ``detect_every``-th frame, looking for small faces on every
-    SMALL_FACES_EVERY-th of those, and, looking for small faces too, on the next chunk's first frame whenever a
-    frame had no face, a face left the frame or its landmarks broke the bounds its last detection sets (the next
-    frame at ``batch_size=1``); faces are tracked with stable ids (:class:`~emonet.tracking.Tracker`),
-    and between detections each face is cropped from its last landmarks' box by the training convention,
-    held to its last detection (:func:`~emonet.tracking.bound_box`). Within a chunk, a frame between
-    detections takes the landmarks of the last chunk's frames (a trade of crop freshness for batching:
-    ``batch_size=1`` uses the previous frame's); detected frames are the same at any chunk size.
+    SMALL_FACES_EVERY-th of those, and again on the next chunk's first frame whenever a frame had no face, a
+    face left the frame or its landmarks broke the bounds its last detection sets (the next frame at
+    ``batch_size=1``): that look sees the whole frame, and looks for small faces too while a small face is
+    followed. Faces are tracked with stable ids (:class:`~emonet.tracking.Tracker`), and between detections
+    each face is cropped from its last landmarks' box by the training convention, held to its last detection
+    (:func:`~emonet.tracking.bound_box`). Within a chunk, a frame between detections takes the landmarks of
+    the last chunk's frames (a trade of crop freshness for batching: ``batch_size=1`` uses the previous
+    frame's); detected frames are the same at any chunk size.
 
     Three steps a chunk, so that on a GPU the next chunk's detection runs while this one's results are
     read: :meth:`detect` (queue the detector, its close look too), :meth:`launch` (track, plan, crop, queue EmoNet),
-    :meth:`finish` (collect the results, smooth, update the tracks).
+    :meth:`finish` (collect the results, smooth, update the tracks). Whether a chunk's first frame must be looked
+    at again is known only in :meth:`finish`, after the next chunk's detection was queued; ``standby`` (default:
+    on a GPU) queues that look with the chunk's other detections anyway, used only where needed, so that a
+    loss costs no detection of its own while the GPU waits (the same boxes as that detection would give).
     """
 
     def __init__(self, pipeline: Pipeline, detect_every: int = 5, smooth: bool = True,
-                 tracker: Optional[Tracker] = None) -> None:
+                 tracker: Optional[Tracker] = None, standby: Optional[bool] = None) -> None:
         self.pipeline = pipeline
         self.engine, self.detector = pipeline.engine, pipeline.detector
         self.detect_every = detect_every
@@ -244,12 +258,12 @@ class VideoPipeline:
         self.hold_score = threshold - HOLD_MARGIN if threshold is not None else None
         self.need_detection = True
         self.seen = 0  # frames of the video so far: the periodic detections fall on the same frames at any chunk size
-        self._whole_only: set[int] = set()  # frames whose detection did not look for small faces (see SMALL_FACES_EVERY)
         # The detector gets a stream of its own: a chunk's detection then runs beside, and waits for
         # nothing of, the previous chunk's EmoNet work; high priority, so its few small kernels get the
         # SMs as EmoNet's blocks finish instead of queueing behind all of them.
         gpu = self.engine.device.type == "cuda"
         self.det_stream = torch.cuda.Stream(self.engine.device, priority=-1) if gpu else None
+        self.standby = gpu if standby is None else standby
 
     def _launch_detector(self, frames: list, small: Optional[list[bool]] = None):
         if self.det_stream is None:
@@ -269,47 +283,62 @@ class VideoPipeline:
         with torch.cuda.stream(self.det_stream) if self.det_stream is not None else contextlib.nullcontext():
             return self.detector.collect(handle, min_score=self.hold_score)
 
-    def detect(self, chunk: list) -> tuple[list[bool], object]:
+    def detect(self, chunk: list) -> tuple[list[bool], Optional[QueuedDetection]]:
         """Decide which frames of the chunk run the detector, and queue it on them (``launch`` collects). A
         detector that works in steps is taken one step on (:meth:`~emonet.detection.FaceDetector.advance`: the
         close look at its candidates queued), which waits for its first network but not for the previous
         chunk's EmoNet work, queued before: that runs meanwhile.
 
         Every ``detect_every``-th frame of the video, counted from its first, whatever the chunks, small faces
-        looked for on every SMALL_FACES_EVERY-th of them; and the chunk's first frame, small faces too, when the
-        previous chunk lost a face or broke its bounds (:func:`emonet.tracking.bound_box`) before this was
-        called (else :meth:`launch` sees to it).
+        looked for on every SMALL_FACES_EVERY-th of them, and the video's first frame; with ``standby``, the
+        chunk's first frame too where another frame of the chunk is detected, as :meth:`launch` would look at it
+        again, for it to use if the previous chunk lost a face.
         """
-        flags, small = [], []
+        flags, small, whole_only = [], [], set()
         for frame in chunk:
             full = self.need_detection or self.seen % (self.detect_every * SMALL_FACES_EVERY) == 0
             flags.append(full or self.seen % self.detect_every == 0)
             # A frame whose small faces the detector does not look for apart (a small frame, another detector)
             # is never whole-only: all of it is looked at every time.
-            whole_only = flags[-1] and not full and self.detector.small_face_limit(frame.shape) > 0
-            small.append(not whole_only)
-            if whole_only:
-                self._whole_only.add(frame.index)
+            if flags[-1] and not full and self.detector.small_face_limit(frame.shape) > 0:
+                whole_only.add(frame.index)
+            small.append(frame.index not in whole_only)
             self.seen += 1
             self.need_detection = False
         picked = [(f, s) for f, s, d in zip(chunk, small, flags) if d]
+        relook_small = self._relook_small(chunk[0].shape)
+        looked = flags[0] and (small[0] or not relook_small)  # the first frame is looked at as a look again would
+        standby = self.standby and bool(picked) and not looked  # it rides with the chunk's other detections
+        if standby:
+            picked.insert(0, (chunk[0], relook_small))
         if not picked:
             return flags, None
-        return flags, self._advance_detector(self._launch_detector([f for f, _ in picked], [s for _, s in picked]))
+        handle = self._advance_detector(self._launch_detector([f for f, _ in picked], [s for _, s in picked]))
+        return flags, QueuedDetection(handle, standby, frozenset(whole_only))
 
-    def launch(self, chunk: list, flags: list[bool], handle) -> PendingChunk:
+    def launch(self, chunk: list, flags: list[bool], queued: Optional[QueuedDetection]) -> PendingChunk:
         """Track and plan every frame of the chunk, crop, and queue EmoNet (without waiting for it)."""
-        boxes = self._collect_detector(handle) if handle is not None else []
-        if self.need_detection:  # the previous chunk lost a face after this one's detection was planned
-            if not flags[0] or chunk[0].index in self._whole_only:  # look again, for small faces too
-                found = self._collect_detector(self._launch_detector(chunk[:1]))[0]
-                if flags[0]:
-                    boxes[0] = found
-                else:
-                    flags[0] = True
-                    boxes.insert(0, found)
-                self._whole_only.discard(chunk[0].index)
-            self.need_detection = False
+        boxes = self._collect_detector(queued.handle) if queued is not None else []
+        whole_only = set(queued.whole_only) if queued is not None else set()
+        standby = boxes.pop(0) if queued is not None and queued.standby else None
+        first = chunk[0].index
+        # The previous chunk lost a face after this one's detection was queued: its first frame is looked at
+        # again, unless it was already as the look needs (the tracks are as when detect() queued the standby).
+        small = self._relook_small(chunk[0].shape)
+        looked = flags[0] and (first not in whole_only or not small)
+        if self.need_detection and not looked:
+            if standby is None:  # look now, while the GPU waits
+                standby = self._collect_detector(self._launch_detector(chunk[:1], [small]))[0]
+            if flags[0]:
+                boxes[0] = standby
+            else:
+                flags[0] = True
+                boxes.insert(0, standby)
+            if small:
+                whole_only.discard(first)
+            else:
+                whole_only.add(first)
+        self.need_detection = False
         detections = iter(boxes)
         planned, tracks = [], []
         max_faces = self.pipeline.max_faces
@@ -317,8 +346,7 @@ class VideoPipeline:
             if is_det:
                 dets = next(detections)
                 unseen = 0.0
-                if frame.index in self._whole_only:
-                    self._whole_only.discard(frame.index)
+                if frame.index in whole_only:
                     unseen = self.detector.small_face_limit(frame.shape)
                 followed = self.tracker.update(dets[:max_faces] if max_faces else dets, frame.index,
                                                start_score=self.start_score, unseen_below=unseen)
@@ -353,15 +381,25 @@ class VideoPipeline:
         results = self.pipeline.collect(chunk.pending, smoothers)
         per_frame: list[list[FaceResult]] = [[] for _ in chunk.frames]
         for face, result, track in zip(chunk.pending.faces, results, chunk.tracks):
+            shape = chunk.frames[face.image].shape
             if not track.set_landmarks(result.landmarks, face.frame) and not result.detected:
                 self.need_detection = True  # the landmarks' box broke its bounds: the detector looks again
-            h, w = chunk.frames[face.image].shape[:2]
             x1, y1, x2, y2 = result.box  # the landmarks' own box on a tracked frame
             if not result.detected:
                 track.box = result.box = track.crop_box.copy()  # reported as bounded as it is cropped
-            if x2 < 0 or y2 < 0 or x1 > w or y1 > h or (x2 - x1) < 8:
+            if x2 < 0 or y2 < 0 or x1 > shape[1] or y1 > shape[0] or (x2 - x1) < 8:
                 self.need_detection = True  # the face left the frame or collapsed: look again
             per_frame[face.image].append(result)
         if any(not faces for faces in per_frame):
             self.need_detection = True
         return per_frame
+
+    def _relook_small(self, shape: tuple) -> bool:
+        """Whether a look again after a loss, at a frame of ``shape``, looks for small faces: while the tracker
+        follows one (it may be the face lost; the whole frame alone would not find it), or where the detector
+        looks at small and large faces alike (a small frame: nothing to leave out)."""
+        limit = self.detector.small_face_limit(shape)
+        if limit <= 0:
+            return True
+        return any(max(t.det_box[2] - t.det_box[0], t.det_box[3] - t.det_box[1]) < limit
+                   for t in self.tracker.tracks if t.det_box is not None)

@@ -98,22 +98,58 @@ def test_small_faces_are_found_and_followed_in_video(reference_model):
     assert all(len(faces) == 1 for faces in _video(capped, frames[:3], chunk=3, detect_every=2))
 
 
-def test_a_face_lost_after_the_next_chunk_was_queued_is_looked_for_again_small_ones_too(reference_model):
+@pytest.mark.parametrize("lost", [False, True])
+def test_a_face_lost_after_the_next_chunk_was_queued_is_looked_for_again_small_ones_too(reference_model, lost):
     # The video tool queues chunk n's detection before it reads chunk n - 1's results. Frame 4 (detector on every
-    # second frame) does not look for small faces; when chunk n - 1 lost a face, it is looked at again, small
-    # faces too: the 40- and 60-px faces are detected there, not only followed.
+    # second frame) does not look for small faces; when chunk n - 1 lost a face while small faces are followed, it
+    # is looked at again, small faces too: the 40- and 60-px faces are detected there, not only followed.
     scene, _ = small_faces_scene(widths=(40, 60), places=((300, 700), (1000, 200)))
     frames = [Frame(index=i, timestamp=i / 30, host=scene) for i in range(6)]
     pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)), BlazeFaceDetector("cpu"))
-    for lost in (False, True):
-        video = VideoPipeline(pipeline, detect_every=2)
+    video = VideoPipeline(pipeline, detect_every=2)
+    flags, handle = video.detect(frames[:4])
+    pending = video.launch(frames[:4], flags, handle)
+    flags, handle = video.detect(frames[4:])  # queued before the last chunk's results are read, as the tool does
+    video.finish(pending)
+    video.need_detection = lost  # what finish() decides when a face was lost or broke its bounds
+    results = video.finish(video.launch(frames[4:], flags, handle))
+    assert sorted((f.face_id, f.detected) for f in results[0]) == [(0, lost), (1, lost)]
+
+
+@pytest.mark.parametrize("widths", [(300,), (60, 300)])
+def test_a_lost_face_is_looked_for_in_standby_with_the_same_boxes(reference_model, widths):
+    # Frame 4 starts a chunk and is no periodic detection frame (every third: 3 and 6 are). With standby it is
+    # detected beside frame 6 anyway, and used when the chunk before lost a face: the same rows as a look of its
+    # own once the loss is known, and the detector launched once a chunk. The look sees the whole frame only
+    # where no small face is followed.
+    scene, truth = small_faces_scene(widths=widths, places=((900, 300), (300, 700))[:len(widths)][::-1])
+    frames = [Frame(index=i, timestamp=i / 30, host=scene) for i in range(8)]
+    detector = BlazeFaceDetector("cpu")
+    pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)), detector)
+    launches = []
+    launch = detector.launch
+    detector.launch = lambda images, small=None: launches.append(list(small)) or launch(images, small)
+    runs = {}
+    for standby in (False, True):
+        launches.clear()
+        video = VideoPipeline(pipeline, detect_every=3, standby=standby)
         flags, handle = video.detect(frames[:4])
         pending = video.launch(frames[:4], flags, handle)
-        flags, handle = video.detect(frames[4:])  # queued before the last chunk's results are read, as the tool does
-        video.finish(pending)
-        video.need_detection = lost  # what finish() decides when a face was lost or broke its bounds
-        results = video.finish(video.launch(frames[4:], flags, handle))
-        assert sorted((f.face_id, f.detected) for f in results[0]) == [(0, lost), (1, lost)], lost
+        flags, handle = video.detect(frames[4:])
+        first = video.finish(pending)
+        video.need_detection = True  # as if chunk 0's landmarks had broken their bounds
+        runs[standby] = (first + video.finish(video.launch(frames[4:], flags, handle)), list(launches))
+    (alone, launched_alone), (ahead, launched_ahead) = runs[False], runs[True]
+    small = len(widths) > 1
+    # Frames 0 and 3 (3 whole-only); then 6 (whole-only), frame 4 in standby or on its own.
+    assert launched_alone == [[True, False], [False], [small]]
+    assert launched_ahead == [[True, False], [small, False]]
+    for frame, (a, b) in enumerate(zip(alone, ahead)):
+        assert [(f.face_id, f.detected) for f in a] == [(f.face_id, f.detected) for f in b], frame
+        assert all(np.allclose(f.box, g.box, atol=1e-3) for f, g in zip(a, b)), frame
+    assert [f.detected for f in ahead[4]] == [True] * len(widths)
+    assert all(max(iou(f.box, box) for f in ahead[4]) > 0.5 for box in truth)
+    assert [f.detected for f in ahead[5]] == [False] * len(widths)
 
 
 def test_at_most_max_faces_a_frame_while_a_small_face_is_followed_unseen(reference_model):

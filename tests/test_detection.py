@@ -102,6 +102,20 @@ def test_gpu_detector_preparing_its_graphs_in_the_background_finds_the_same_face
         np.testing.assert_array_equal(b, a)
 
 
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_close_look_as_cuda_graphs_scores_as_eagerly(photo):
+    # 36 faces: their candidates' close look runs as two CUDA graphs (CLOSE_LOOK_BATCH at most each), padded.
+    import torch
+    mosaic = torch.from_numpy(np.tile(photo[::2, ::2], (6, 6, 1))).cuda()
+    eager = BlazeFaceDetector("cuda", cuda_graphs=False).detect([mosaic])[0]
+    graphed = BlazeFaceDetector("cuda")
+    graphed.warmup(tuple(mosaic.shape))
+    for _ in range(2):
+        got = graphed.detect([mosaic])[0]
+        assert len(got) == len(eager) == 36
+        np.testing.assert_allclose(got, eager, rtol=1e-4, atol=1e-3)
+
+
 def test_front_model_also_loads(photo):
     faces = BlazeFaceDetector("cpu", model="front").detect([photo])[0]
     assert len(faces) == 1 and iou(faces[0], FACE) > 0.6

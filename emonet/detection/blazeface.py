@@ -23,6 +23,10 @@ from .base import DetectorError, FaceDetector
 
 WEIGHTS = Path(__file__).resolve().parent / "blazeface.pth"
 FINE_SIZES_KEPT = 8  # fine-view input sizes whose CUDA graphs and anchors are kept (a video has one; see FINE_SCALE)
+# The close look's networks after its crops (the front model, its decoding, ONet, the scores' mean) run on at most
+# this many candidates at once; on a GPU as one CUDA graph per padded count (eagerly they are some sixty small
+# launches, each paid on the host).
+CLOSE_LOOK_BATCH = 32
 
 
 @functools.lru_cache(maxsize=FINE_SIZES_KEPT + 1)  # the square input's and a few fine-view sizes'
@@ -330,6 +334,11 @@ def _sample(level: torch.Tensor, image: np.ndarray, geometry: np.ndarray, scale:
     return crops
 
 
+def _powers_of_two(most: int) -> list[int]:
+    """1, 2, 4, ... up to ``most``."""
+    return [1 << k for k in range(most.bit_length())]
+
+
 @dataclass
 class _Looking:
     """A verified detection advanced (see :meth:`BlazeFaceDetector.advance`): each image's candidates, and their
@@ -407,12 +416,11 @@ class BlazeFaceDetector(FaceDetector):
         self.verifier = (BlazeFaceDetector(self.device, model="front", weights=path, cuda_graphs=cuda_graphs,
                                            tiles=False, verify=False) if self.verify else None)
         self.second_opinion = load_onet(self.device) if self.verify else None
-        if self.verifier is not None:
-            self.verifier.max_batch = 32  # a frame's candidates at every zoom, in one call
-            self.verifier.background = background
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         # (padded batch, input dtype, height, width) -> (CUDA graph, static input, static outputs)
         self._graphs = Graphs(self.device, self._capture) if self.cuda_graphs else None
+        # padded candidate count -> (CUDA graph, static inputs (front, ONet crops), static scores)
+        self._look_graphs = Graphs(self.device, self._capture_look) if self.cuda_graphs and self.verify else None
         if background and self._graphs is not None:
             self.prepare()
 
@@ -529,10 +537,45 @@ class BlazeFaceDetector(FaceDetector):
         # ONet's crops as MTCNN makes them, by area: sampled at four times its size, then 4x4 means.
         front, second = close_crops(images, [faces[:, :4] for faces in candidates],
                                     [(VERIFY_ZOOMS, self.verifier.size), (ONET_ZOOMS, 4 * ONET_SIZE)], self.device)
+        n, a, b = sum(len(faces) for faces in candidates), len(VERIFY_ZOOMS), len(ONET_ZOOMS)
+        scores = []
+        for start in range(0, n, CLOSE_LOOK_BATCH):
+            k = min(CLOSE_LOOK_BATCH, n - start)
+            scores.append(self._look_scores(front[start * a:(start + k) * a], second[start * b:(start + k) * b], k))
+        return _to_host(torch.cat(scores) if len(scores) > 1 else scores[0])
+
+    def _look_scores(self, front: torch.Tensor, second: torch.Tensor, n: int) -> torch.Tensor:
+        """The close look's scores of ``n`` candidates' crops: on a GPU padded to a power of two, as a CUDA graph
+        when there is one for that count (else the same networks eagerly: the same kernels, the same numbers)."""
+        if self.device.type != "cuda":
+            return self._look_net(front, second)
+        padded = 1 << (n - 1).bit_length()
+        entry = self._look_graphs.get(padded, later=self.background) if self._look_graphs is not None else None
+        if entry is None:
+            if padded > n:
+                front = torch.cat([front, front[-1:].expand(len(VERIFY_ZOOMS) * (padded - n), -1, -1, -1)])
+                second = torch.cat([second, second[-1:].expand(len(ONET_ZOOMS) * (padded - n), -1, -1, -1)])
+            return self._look_net(front, second)[:n]
+        graph, (static_front, static_second), scores = entry
+        static_front[:len(front)].copy_(front)  # rows past them keep earlier crops: their scores are not read
+        static_second[:len(second)].copy_(second)
+        graph.replay()
+        return scores[:n].clone()  # the next replay overwrites the static scores
+
+    def _look_net(self, front: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        """Candidates' scores ``(n,)`` (float64) from their close look's crops: the mean of the front model's
+        looks (:meth:`centre_scores`, VERIFY_ZOOMS) and ONet's (ONET_ZOOMS), weighed as one and two."""
         with torch.inference_mode():
-            front = self.verifier.centre_scores(front).double().reshape(-1, len(VERIFY_ZOOMS)).mean(dim=1)
+            raw_boxes, raw_scores = self.verifier.net(front)
+            front = self.verifier._centre(raw_boxes, raw_scores).double().reshape(-1, len(VERIFY_ZOOMS)).mean(dim=1)
             second = self.second_opinion(onet_input(torch.nn.functional.avg_pool2d(second, 4)))
-            return _to_host((front + second.double().reshape(-1, len(ONET_ZOOMS)).sum(dim=1)) / (1 + len(ONET_ZOOMS)))
+            return (front + second.double().reshape(-1, len(ONET_ZOOMS)).sum(dim=1)) / (1 + len(ONET_ZOOMS))
+
+    def _capture_look(self, padded: int, stream: "torch.cuda.Stream", error_mode: str) -> tuple:
+        front = torch.zeros(padded * len(VERIFY_ZOOMS), 3, self.verifier.size, self.verifier.size, device=self.device)
+        second = torch.zeros(padded * len(ONET_ZOOMS), 3, 4 * ONET_SIZE, 4 * ONET_SIZE, device=self.device)
+        graph, scores = capture_graph(lambda: self._look_net(front, second), stream, error_mode)
+        return graph, (front, second), scores
 
     def _close_look(self, images: Sequence[Union[np.ndarray, torch.Tensor]], candidates: list[np.ndarray]) -> np.ndarray:
         """The candidates' scores by the close look (see :meth:`_launch_close_look`), waited for."""
@@ -541,9 +584,6 @@ class BlazeFaceDetector(FaceDetector):
     def centre_scores(self, crops: torch.Tensor) -> torch.Tensor:
         """Per crop (``(B, 3, S, S)`` network input), the best score of a detection whose box covers the crop's
         centre: how surely a face fills it, ``(B,)`` on the device (decoded there, nothing copied back)."""
-        net = self.net
-        if not hasattr(self, "_anchors_dev"):
-            self._anchors_dev = torch.tensor(self.anchors, device=self.device)
         scores = []
         for start in range(0, len(crops), self.max_batch):
             part = crops[start:start + self.max_batch]
@@ -551,17 +591,24 @@ class BlazeFaceDetector(FaceDetector):
             if padded > len(part):
                 part = torch.cat([part, part[-1:].expand(padded - len(part), -1, -1, -1)])
             with torch.inference_mode():
-                raw_boxes, raw_scores = self._forward(part)
-                raw_boxes, raw_scores = raw_boxes.float(), raw_scores.float()
-                a = self._anchors_dev
-                xc = raw_boxes[..., 0] / net.x_scale * a[:, 2] + a[:, 0]
-                yc = raw_boxes[..., 1] / net.y_scale * a[:, 3] + a[:, 1]
-                half_w = raw_boxes[..., 2] / net.w_scale * a[:, 2] / 2
-                half_h = raw_boxes[..., 3] / net.h_scale * a[:, 3] / 2
-                covers = ((xc - half_w) < 0.5) & ((xc + half_w) > 0.5) & ((yc - half_h) < 0.5) & ((yc + half_h) > 0.5)
-                p = torch.sigmoid(raw_scores[..., 0].clamp(-net.score_clipping_thresh, net.score_clipping_thresh))
-                scores.append(torch.where(covers, p, torch.zeros_like(p)).amax(dim=1)[:len(crops[start:start + self.max_batch])])
+                scores.append(self._centre(*self._forward(part))[:len(crops[start:start + self.max_batch])])
         return torch.cat(scores)
+
+    def _centre(self, raw_boxes: torch.Tensor, raw_scores: torch.Tensor) -> torch.Tensor:
+        """The network's raw outputs -> per crop the best score of a detection covering its centre (see
+        :meth:`centre_scores`)."""
+        net = self.net
+        if not hasattr(self, "_anchors_dev"):
+            self._anchors_dev = torch.tensor(self.anchors, device=self.device)
+        raw_boxes, raw_scores = raw_boxes.float(), raw_scores.float()
+        a = self._anchors_dev
+        xc = raw_boxes[..., 0] / net.x_scale * a[:, 2] + a[:, 0]
+        yc = raw_boxes[..., 1] / net.y_scale * a[:, 3] + a[:, 1]
+        half_w = raw_boxes[..., 2] / net.w_scale * a[:, 2] / 2
+        half_h = raw_boxes[..., 3] / net.h_scale * a[:, 3] / 2
+        covers = ((xc - half_w) < 0.5) & ((xc + half_w) > 0.5) & ((yc - half_h) < 0.5) & ((yc + half_h) > 0.5)
+        p = torch.sigmoid(raw_scores[..., 0].clamp(-net.score_clipping_thresh, net.score_clipping_thresh))
+        return torch.where(covers, p, torch.zeros_like(p)).amax(dim=1)
 
     def warmup(self, shape: tuple = (720, 1280, 3)) -> None:
         """Pay at load what the first images would: every padded batch size once, the close look's too, so
@@ -577,9 +624,9 @@ class BlazeFaceDetector(FaceDetector):
         # A blank image has no candidate: the close look (its crops, both networks) on a made-up one.
         h, w = shape[:2]
         self._close_look([blank], [np.array([[w / 4, h / 4, w / 2, h / 2, 1.0]])])
-        if not self.background:
-            for b in (1 << k for k in range(self.verifier.max_batch.bit_length())):
-                self.verifier.centre_scores(torch.zeros(b, 3, self.verifier.size, self.verifier.size, device=self.device))
+        if self._look_graphs is not None and not self.background:
+            for padded in _powers_of_two(CLOSE_LOOK_BATCH):
+                self._look_graphs.get(padded)
 
     def fine_view(self, images: Sequence[Union[np.ndarray, torch.Tensor]]) -> tuple[torch.Tensor, list[tuple[float, float, float]]]:
         """Images of one size, each scaled by FINE_SCALE (at most FINE_MAX_SIDE long) and padded with black on
@@ -644,15 +691,14 @@ class BlazeFaceDetector(FaceDetector):
         """Capture the graph of every padded batch size, the close look's too, in the background."""
         dtype = next(self.net.parameters()).dtype
         self._graphs.prepare([(1 << k, dtype, self.size, self.size) for k in range(self.max_batch.bit_length())][::-1])
-        if self.verifier is not None:
-            self.verifier.prepare()
+        if self._look_graphs is not None:
+            self._look_graphs.prepare(_powers_of_two(CLOSE_LOOK_BATCH))
 
     def wait_for_graphs(self) -> None:
         """Until the graphs being captured in the background, the close look's too, are ready."""
-        if self._graphs is not None:
-            self._graphs.wait()
-        if self.verifier is not None:
-            self.verifier.wait_for_graphs()
+        for graphs in (self._graphs, self._look_graphs):
+            if graphs is not None:
+                graphs.wait()
 
     def _capture(self, key: tuple, stream: "torch.cuda.Stream", error_mode: str) -> tuple:
         batch, dtype, height, width = key

@@ -224,42 +224,75 @@ def close_crops(images: Sequence[Union[np.ndarray, torch.Tensor]], boxes: Sequen
     Each crop is sampled bilinearly from the level of a pyramid of 2x2 means (the image, halved again and
     again) where its step is 1 to 2 pixels, so a crop much larger than ``size`` is not aliased. Images of one
     size are sampled together (one pyramid for a batch of them; per look and level one sampling call, their
-    crops side by side): a crop's values do not depend on what else is sampled with it.
+    crops side by side): a crop's values do not depend on what else is sampled with it. Everything the device
+    needs to know (each sampling call's coordinates, each crop's place) is worked out first and sent in one copy.
     """
     boxes = [np.asarray(b, np.float64).reshape(-1, 4) for b in boxes]
-    parts: list[list[tuple[np.ndarray, torch.Tensor]]] = [[] for _ in looks]  # per look: (output rows, crops)
     counts = [sum(len(b) for b in boxes) * len(zooms) for zooms, _ in looks]
     first = np.cumsum([0] + [len(b) for b in boxes])  # each image's first box, counted over all images
     groups: dict = {}
     for i, image in enumerate(images):
         if len(boxes[i]):
             groups.setdefault(tuple(image.shape[:2]), []).append(i)
+    # The plan: per batch of images, per pyramid level, per look, one sampling call (a _Sampling).
+    batches: list[tuple[list[int], list[list[_Sampling]]]] = []
+    coordinates: list[np.ndarray] = []
+    taken = [0] * len(looks)  # per look, the crops sampled so far (empty slots included)
+    places = [np.zeros(count, np.int64) for count in counts]  # per look, each crop's row among them
+    used = 0
     for (height, width), members in groups.items():
         step = max(1, min(CROP_BATCH, CROP_PIXELS // max(height * width, 1)))
+        top = max(int(np.floor(np.log2(max(min(height, width), 1)))), 0)  # the images' last halving
         for start in range(0, len(members), step):
             batch = members[start:start + step]
-            level = _frames_on(device, [images[i] for i in batch])
-            top = max(int(np.floor(np.log2(max(min(level.shape[-2:]), 1)))), 0)  # the images' last halving
             plans = [_crop_plan([boxes[i] for i in batch], [first[i] for i in batch], zooms, size, top)
                      for zooms, size in looks]
-            for k in range(max(int(p[3].max()) for p in plans) + 1):
-                if k:
-                    level = torch.nn.functional.avg_pool2d(level, 2)  # halves (an odd last row or column is left out)
-                for n, ((zooms, size), (image, rows, geometry, levels)) in enumerate(zip(looks, plans)):
+            calls: list[list[_Sampling]] = [[] for _ in range(max(int(p[3].max()) for p in plans) + 1)]
+            for n, ((zooms, size), (image, rows, geometry, levels)) in enumerate(zip(looks, plans)):
+                for k in np.unique(levels):
                     chosen = np.flatnonzero(levels == k)
-                    if len(chosen):
-                        parts[n].append((rows[chosen], _sample(level, image[chosen], geometry[chosen], 2.0 ** k, size)))
+                    xy, slot, slots = _sample_coordinates(len(batch), height >> k, width >> k, image[chosen],
+                                                          geometry[chosen], 2.0 ** k, size)
+                    places[n][rows[chosen]] = taken[n] + image[chosen] * slots + slot
+                    taken[n] += len(batch) * slots
+                    calls[k].append(_Sampling(n, size, slots, used, xy.size))
+                    coordinates.append(xy.reshape(-1))
+                    used += xy.size
+            batches.append((batch, calls))
+    order = [places[n] if not np.array_equal(places[n], np.arange(taken[n])) else None for n in range(len(looks))]
+    sent = np.concatenate(coordinates + [o.astype(np.float32) for o in order if o is not None]) if coordinates else None
+    sent = _to_device(torch.from_numpy(sent), device) if sent is not None else None
+    parts: list[list[torch.Tensor]] = [[] for _ in looks]
+    for batch, calls in batches:
+        level = _frames_on(device, [images[i] for i in batch])
+        for k, at_level in enumerate(calls):
+            if k:
+                level = torch.nn.functional.avg_pool2d(level, 2)  # halves (an odd last row or column is left out)
+            for call in at_level:
+                parts[call.look].append(_sample(level, sent[call.start:call.start + call.length], call.slots, call.size))
     out = []
-    for (zooms, size), count, found in zip(looks, counts, parts):
+    for n, ((zooms, size), found) in enumerate(zip(looks, parts)):
         if not found:
             out.append(torch.zeros((0, 3, size, size), device=device))
             continue
-        rows = np.concatenate([r for r, _ in found])
-        crops = torch.cat([c for _, c in found])
-        if not np.array_equal(rows, np.arange(count)):  # back into image, box and zoom order
-            crops = crops[_to_device(torch.from_numpy(np.argsort(rows)), device)]
+        crops = torch.cat(found) if len(found) > 1 else found[0]
+        if order[n] is not None:  # back into image, box and zoom order, without the empty slots
+            at = used + sum(len(o) for o in order[:n] if o is not None)
+            crops = crops[sent[at:at + len(order[n])].long()]
         out.append(crops.div_(127.5).sub_(1.0))  # as the letterbox scales a whole image
     return out
+
+
+@dataclass(frozen=True)
+class _Sampling:
+    """One sampling call of :func:`close_crops`: its look, crop size, slots per image, and where its coordinates
+    lie in what was sent to the device."""
+
+    look: int
+    size: int
+    slots: int
+    start: int
+    length: int
 
 
 def _frames_on(device: torch.device, images: Sequence[Union[np.ndarray, torch.Tensor]]) -> torch.Tensor:
@@ -305,33 +338,41 @@ def _crop_plan(boxes: Sequence[np.ndarray], firsts: Sequence[int], zooms: Sequen
     return np.concatenate(image), np.concatenate(rows), geometry, levels
 
 
-def _sample(level: torch.Tensor, image: np.ndarray, geometry: np.ndarray, scale: float, size: int) -> torch.Tensor:
-    """Crops ``(cx, cy, side)`` (image pixels; ``scale`` of them a pixel of this level) of the batch's images
-    ``image``: ``(len(image), 3, size, size)``, in one sampling call with each image's crops side by side."""
-    n_images, _, lh, lw = level.shape
+def _sample_coordinates(n_images: int, height: int, width: int, image: np.ndarray, geometry: np.ndarray,
+                        scale: float, size: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Where crops ``(cx, cy, side)`` (image pixels; ``scale`` of them a pixel of a pyramid level of ``height`` x
+    ``width``) of the batch's images ``image`` sample it, in grid_sample's terms (-1 and 1 are the outer edges of
+    the first and last pixels), each image's crops side by side in ``slots`` slots: ``(2, n_images, slots,
+    size)`` float32 (each output column's x, each output row's y), each crop's slot, and ``slots``. An empty slot
+    samples far outside (black, then dropped)."""
     slot = np.zeros(len(image), int)  # each crop's place among its image's
     for b in np.unique(image):
         slot[image == b] = np.arange(np.count_nonzero(image == b))
-    width = int(slot.max()) + 1
-    # Per slot the affine map from the crop's own coordinates to the level's (grid_sample's: -1 and 1 are the
-    # outer edges of the first and last pixels); an empty slot samples far outside (black, then dropped).
-    maps = np.zeros((n_images, width, 4), np.float32)
+    slots = int(slot.max()) + 1
+    # Per slot the affine map from the crop's own coordinates to the level's.
+    maps = np.zeros((n_images, slots, 4), np.float32)
     maps[:, :, 1] = maps[:, :, 3] = -4.0
-    maps[image, slot, 0] = geometry[:, 2] / (scale * lw)
-    maps[image, slot, 1] = 2 * geometry[:, 0] / (scale * lw) - 1
-    maps[image, slot, 2] = geometry[:, 2] / (scale * lh)
-    maps[image, slot, 3] = 2 * geometry[:, 1] / (scale * lh) - 1
-    maps = _to_device(torch.from_numpy(maps), level.device)
-    steps = torch.arange(size, device=level.device, dtype=torch.float32).mul_(2.0 / size).add_(1.0 / size - 1.0)
-    x = maps[:, None, :, None, 0] * steps + maps[:, None, :, None, 1]              # (B, 1, slots, size)
-    y = maps[:, None, :, None, 2] * steps[:, None, None] + maps[:, None, :, None, 3]  # (B, size, slots, 1)
-    grid = torch.stack(torch.broadcast_tensors(x, y), dim=-1).reshape(n_images, size, width * size, 2)
+    maps[image, slot, 0] = geometry[:, 2] / (scale * width)
+    maps[image, slot, 1] = 2 * geometry[:, 0] / (scale * width) - 1
+    maps[image, slot, 2] = geometry[:, 2] / (scale * height)
+    maps[image, slot, 3] = 2 * geometry[:, 1] / (scale * height) - 1
+    steps = np.arange(size, dtype=np.float32) * np.float32(2.0 / size) + np.float32(1.0 / size - 1.0)
+    xy = np.empty((2, n_images, slots, size), np.float32)
+    xy[0] = maps[:, :, 0:1] * steps + maps[:, :, 1:2]
+    xy[1] = maps[:, :, 2:3] * steps + maps[:, :, 3:4]
+    return xy, slot, slots
+
+
+def _sample(level: torch.Tensor, xy: torch.Tensor, slots: int, size: int) -> torch.Tensor:
+    """One sampling call: ``(images * slots, 3, size, size)`` crops of the level's ``images`` images at the
+    coordinates of :func:`_sample_coordinates` (already on the device), image by image, slot by slot."""
+    n_images = level.shape[0]
+    xy = xy.view(2, n_images, slots, size)
+    x = xy[0][:, None]                                # (B, 1, slots, size): each output column's x
+    y = xy[1].permute(0, 2, 1)[..., None]             # (B, size, slots, 1): each output row's y
+    grid = torch.stack(torch.broadcast_tensors(x, y), dim=-1).reshape(n_images, size, slots * size, 2)
     crops = torch.nn.functional.grid_sample(level, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-    crops = crops.reshape(n_images, 3, size, width, size).permute(0, 3, 1, 2, 4).reshape(n_images * width, 3, size, size)
-    keep = image * width + slot
-    if len(keep) < n_images * width:
-        crops = crops[_to_device(torch.from_numpy(keep), level.device)]
-    return crops
+    return crops.reshape(n_images, 3, size, slots, size).permute(0, 3, 1, 2, 4).reshape(n_images * slots, 3, size, size)
 
 
 def _powers_of_two(most: int) -> list[int]:

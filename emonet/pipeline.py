@@ -193,7 +193,7 @@ class Pipeline:
 
 
 # In video the detector looks for small faces (its fine view: faces under its small_face_limit) on every
-# SMALL_FACES_EVERY-th periodic detection frame, and on the detection after a small face was lost; on the others
+# SMALL_FACES_EVERY-th periodic detection frame, and on the look again after a loss while a small face is followed; on the others
 # it sees the whole frame only, which finds every face from that limit on, and small faces already followed are
 # followed on from their landmarks. A new small face is found within detect_every * SMALL_FACES_EVERY frames
 # (half a second at 30 frames/s by default); the fine view is most of the detector's cost (docs/PERFORMANCE.md).
@@ -242,8 +242,9 @@ class VideoPipeline:
     read: :meth:`detect` (queue the detector, its close look too), :meth:`launch` (track, plan, crop, queue EmoNet),
     :meth:`finish` (collect the results, smooth, update the tracks). Whether a chunk's first frame must be looked
     at again is known only in :meth:`finish`, after the next chunk's detection was queued; ``standby`` (default:
-    on a GPU) queues that look with the chunk's other detections anyway, used only where needed, so that a
-    loss costs no detection of its own while the GPU waits (the same boxes as that detection would give).
+    on a GPU, with a detector that queues its work there) queues that look with the chunk's other detections anyway, used only where needed, so that a
+    loss costs no detection of its own while the GPU waits (the boxes that detection would give, to float rounding:
+    a frame's detection moves by that much with the frames batched beside it).
     """
 
     def __init__(self, pipeline: Pipeline, detect_every: int = 5, smooth: bool = True,
@@ -263,7 +264,7 @@ class VideoPipeline:
         # SMs as EmoNet's blocks finish instead of queueing behind all of them.
         gpu = self.engine.device.type == "cuda"
         self.det_stream = torch.cuda.Stream(self.engine.device, priority=-1) if gpu else None
-        self.standby = gpu if standby is None else standby
+        self.standby = gpu and getattr(self.detector, "queues", False) if standby is None else standby
 
     def _launch_detector(self, frames: list, small: Optional[list[bool]] = None):
         if self.det_stream is None:
@@ -291,8 +292,8 @@ class VideoPipeline:
 
         Every ``detect_every``-th frame of the video, counted from its first, whatever the chunks, small faces
         looked for on every SMALL_FACES_EVERY-th of them, and the video's first frame; with ``standby``, the
-        chunk's first frame too where another frame of the chunk is detected, as :meth:`launch` would look at it
-        again, for it to use if the previous chunk lost a face.
+        chunk's first frame too, where it is no detection frame and another frame of the chunk is, as
+        :meth:`launch` would look at it again, for it to use if the previous chunk lost a face.
         """
         flags, small, whole_only = [], [], set()
         for frame in chunk:
@@ -307,8 +308,9 @@ class VideoPipeline:
             self.need_detection = False
         picked = [(f, s) for f, s, d in zip(chunk, small, flags) if d]
         relook_small = self._relook_small(chunk[0].shape)
-        looked = flags[0] and (small[0] or not relook_small)  # the first frame is looked at as a look again would
-        standby = self.standby and bool(picked) and not looked  # it rides with the chunk's other detections
+        # It rides with the chunk's other detections; a first frame detected anyway (whole-only, while a small face
+        # is followed) is looked at again only after a loss, not twice in every such chunk.
+        standby = self.standby and bool(picked) and not flags[0]
         if standby:
             picked.insert(0, (chunk[0], relook_small))
         if not picked:

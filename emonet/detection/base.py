@@ -22,6 +22,7 @@ class FaceDetector:
     name = "base"
     reference_scale = S3FD_REFERENCE_SCALE  # FAN convention: scale = (w + h) / reference_scale
     shift = DETECTOR_SHIFT                  # box centre moved up by this fraction of its height
+    queues = False  # launch() queues its work on a device and returns at once: another image rides along cheaply
 
     def detect(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Per image, an ``(k, 5)`` array ``x1, y1, x2, y2, score``, best first."""

@@ -57,6 +57,8 @@ def decode_blazeface(net, raw_boxes: np.ndarray, raw_scores: np.ndarray, anchors
     # The sigmoid only of the anchors that can pass (a handful of thousands): first a test of the raw score
     # against the floor's logit, a little under it, then the exact test on the few left. All images at once.
     logit = np.log(floor / (1.0 - floor)) - 1e-3 if 0.0 < floor < 1.0 else -np.inf
+    if not len(raw_boxes):
+        return []
     image, rows = np.nonzero(raw_scores[..., 0] >= logit)  # image by image, anchor by anchor
     clipped = np.clip(raw_scores[image, rows, 0], -net.score_clipping_thresh, net.score_clipping_thresh)
     score = (1.0 / (1.0 + np.exp(-clipped.astype(np.float64)))).astype(np.float32)
@@ -447,6 +449,7 @@ class BlazeFaceDetector(FaceDetector):
                                 f"ships with the package) or run tools/convert_blazeface.py")
         state = torch.load(path, map_location="cpu", weights_only=True)
         self.device = torch.device(device)
+        self.queues = self.device.type == "cuda"
         self.net = BlazeFace(back_model=(model == "back"))
         self.net.load_state_dict(state[model])
         self.net.to(self.device).eval()
@@ -462,7 +465,8 @@ class BlazeFaceDetector(FaceDetector):
         # A large image is also seen in the fine view and, very large, in tiles (see FINE_SCALE, TILES_FROM),
         # where a small face is seen at a usable scale.
         self.tiles = tiles
-        self.verifier = (BlazeFaceDetector(self.device, model="front", weights=path, cuda_graphs=cuda_graphs,
+        # (its network runs inside the close look's own graphs: see _look_net)
+        self.verifier = (BlazeFaceDetector(self.device, model="front", weights=path, cuda_graphs=False,
                                            tiles=False, verify=False) if self.verify else None)
         self.second_opinion = load_onet(self.device) if self.verify else None
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
@@ -579,8 +583,8 @@ class BlazeFaceDetector(FaceDetector):
     def _launch_close_look(self, images: Sequence[Union[np.ndarray, torch.Tensor]],
                            candidates: list[np.ndarray]) -> tuple[Optional[torch.Tensor], Optional["torch.cuda.Event"]]:
         """Queue the candidates' scores by the close look (VERIFY_ZOOMS with the front model, ONET_ZOOMS with
-        ONet), image by image: all images' crops in one call of each network, on their way back in one copy
-        (the host tensor and, on a GPU, the event that says it has come)."""
+        ONet), image by image: all images' crops at once, up to CLOSE_LOOK_BATCH candidates a network call, on
+        their way back in one copy (the host tensor and, on a GPU, the event that says it has come)."""
         if not any(len(faces) for faces in candidates):
             return None, None
         # ONet's crops as MTCNN makes them, by area: sampled at four times its size, then 4x4 means.
@@ -607,7 +611,7 @@ class BlazeFaceDetector(FaceDetector):
                 second = torch.cat([second, second[-1:].expand(len(ONET_ZOOMS) * (padded - n), -1, -1, -1)])
             return self._look_net(front, second)[:n]
         graph, (static_front, static_second), scores = entry
-        static_front[:len(front)].copy_(front)  # rows past them keep earlier crops: their scores are not read
+        static_front[:len(front)].copy_(front)  # rows past them keep earlier (scaled) crops: their scores are not read
         static_second[:len(second)].copy_(second)
         graph.replay()
         return scores[:n].clone()  # the next replay overwrites the static scores

@@ -193,9 +193,9 @@ class Pipeline:
 
 
 # In video the detector looks for small faces (its fine view: faces under its small_face_limit) on every
-# SMALL_FACES_EVERY-th periodic detection frame, and on the look again after a loss while a small face is followed; on the others
-# it sees the whole frame only, which finds every face from that limit on, and small faces already followed are
-# followed on from their landmarks. A new small face is found within detect_every * SMALL_FACES_EVERY frames
+# SMALL_FACES_EVERY-th periodic detection frame, and on the look again after a loss while a small face is
+# followed; on the others it sees the whole frame only, which finds every face from that limit on, and small
+# faces already followed are followed on from their landmarks. A new small face is found within detect_every * SMALL_FACES_EVERY frames
 # (half a second at 30 frames/s by default); the fine view is most of the detector's cost (docs/PERFORMANCE.md).
 SMALL_FACES_EVERY = 3
 
@@ -242,9 +242,10 @@ class VideoPipeline:
     read: :meth:`detect` (queue the detector, its close look too), :meth:`launch` (track, plan, crop, queue EmoNet),
     :meth:`finish` (collect the results, smooth, update the tracks). Whether a chunk's first frame must be looked
     at again is known only in :meth:`finish`, after the next chunk's detection was queued; ``standby`` (default:
-    on a GPU, with a detector that queues its work there) queues that look with the chunk's other detections anyway, used only where needed, so that a
-    loss costs no detection of its own while the GPU waits (the boxes that detection would give, to float rounding:
-    a frame's detection moves by that much with the frames batched beside it).
+    on a GPU, with a detector that queues its work there) queues that look with the chunk's other detections
+    anyway, used only where needed, so that a loss costs no detection of its own while the GPU waits (the boxes
+    that detection would give, to float rounding: a frame's detection moves by that much with the frames batched
+    beside it).
     """
 
     def __init__(self, pipeline: Pipeline, detect_every: int = 5, smooth: bool = True,

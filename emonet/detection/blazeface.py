@@ -218,7 +218,8 @@ CROP_PIXELS = 1 << 24
 
 
 def close_crops(images: Sequence[Union[np.ndarray, torch.Tensor]], boxes: Sequence[np.ndarray],
-                looks: Sequence[tuple[Sequence[float], int]], device: torch.device, scaled: bool = True) -> list[torch.Tensor]:
+                looks: Sequence[tuple[Sequence[float], int]], device: torch.device,
+                scaled: bool = True) -> list[torch.Tensor]:
     """Per look ``(zooms, size)``, the square crops ``zoom`` times each box's longer side around its centre
     (black beyond the image), resampled to ``size``, of every image's boxes: ``(crops, 3, size, size)`` in
     [-1, 1] (``scaled=False``: in [0, 255], for :func:`scale_crops`) on ``device``, image by image, box by box,
@@ -772,7 +773,8 @@ class BlazeFaceDetector(FaceDetector):
         self._fine_seen[size] = seen + 1
         return seen >= 1
 
-    def _forward(self, x: torch.Tensor, padded: Optional[int] = None, fresh: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, x: torch.Tensor, padded: Optional[int] = None,
+                 fresh: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """The network on ``x`` run as a batch of ``padded`` (default its own size; the outputs' rows past ``x``'s
         are not to be read); on a GPU as a CUDA graph per padded batch size and input size (eager, it is ~150 tiny
         launches). In the background mode a size first seen (the fine view's) is captured in the background.

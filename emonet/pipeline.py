@@ -26,7 +26,7 @@ from .engine import Engine
 from .engine.graphs import synchronize
 from .geometry import CROP_SIZE, box_to_matrix, crop_frames, crop_to_image, landmarks_box, to_tensor
 from .results import FaceResult
-from .tracking import Tracker
+from .tracking import Tracker, longer_side
 
 
 @dataclass(frozen=True)
@@ -327,7 +327,7 @@ class VideoPipeline:
         first = chunk[0].index
         # The previous chunk lost a face after this one's detection was queued: its first frame is looked at
         # again, unless it was already as the look needs (the tracks are as when detect() queued the standby).
-        small = self._relook_small(chunk[0].shape)
+        small = self.need_detection and self._relook_small(chunk[0].shape)
         looked = flags[0] and (first not in whole_only or not small)
         if self.need_detection and not looked:
             if standby is None:  # look now, while the GPU waits
@@ -404,5 +404,4 @@ class VideoPipeline:
         limit = self.detector.small_face_limit(shape)
         if limit <= 0:
             return True
-        return any(max(t.det_box[2] - t.det_box[0], t.det_box[3] - t.det_box[1]) < limit
-                   for t in self.tracker.tracks if t.det_box is not None)
+        return any(longer_side(t.det_box) < limit for t in self.tracker.tracks if t.det_box is not None)

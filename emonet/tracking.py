@@ -23,6 +23,11 @@ MAX_SCALE = 1.5
 MAX_SPEED = 0.25
 
 
+def longer_side(box: np.ndarray) -> float:
+    """An ``x1, y1, x2, y2`` box's longer side."""
+    return float(max(box[2] - box[0], box[3] - box[1]))
+
+
 def _size(box: np.ndarray) -> float:
     return float((box[2] - box[0]) + (box[3] - box[1])) / 2
 
@@ -152,13 +157,13 @@ class Tracker:
         for ti, t in enumerate(self.tracks):
             if ti not in matched_t:
                 ref = t.det_box if t.det_box is not None else t.box
-                if max(ref[2] - ref[0], ref[3] - ref[1]) < unseen_below:
+                if longer_side(ref) < unseen_below:
                     continue  # not looked for: followed on from its landmarks (or, missed before, waits as it is)
                 t.missed += 1
                 t.landmarks = t.crop_box = None  # stale: a re-found face is re-cropped from its detector box
         self.tracks = [t for t in self.tracks if t.missed <= self.max_missed]
         for di, d in enumerate(detections):
-            if di not in matched_d and d[4] >= start_score and max(d[2] - d[0], d[3] - d[1]) >= unseen_below:
+            if di not in matched_d and d[4] >= start_score and longer_side(d) >= unseen_below:
                 box = d[:4].astype(np.float64)
                 self.tracks.append(Track(self._next_id, box, float(d[4]), det_box=box, det_frame=frame))
                 self._next_id += 1

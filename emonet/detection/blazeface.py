@@ -179,7 +179,7 @@ def _inside_tile(faces: np.ndarray, x: int, y: int, side: int, shape: tuple) -> 
 def merge_detections(parts: Sequence[np.ndarray], iou: float = 0.3) -> np.ndarray:
     """One image's detections from several views, a face once (the best-scoring box), best first."""
     found = [p for p in parts if len(p)]
-    if len(found) < 2 and sum(len(p) for p in found) < 2:  # nothing to merge: at most one face
+    if sum(len(p) for p in found) < 2:  # nothing to merge: at most one face
         return found[0] if found else np.zeros((0, 5))
     faces = np.concatenate(found)
     faces = faces[np.argsort(-faces[:, 4])]
@@ -389,6 +389,16 @@ def _sample(level: torch.Tensor, sent: torch.Tensor, start: int, slots: int, siz
 def _powers_of_two(most: int) -> list[int]:
     """1, 2, 4, ... up to ``most``."""
     return [1 << k for k in range(most.bit_length())]
+
+
+def _padded_count(n: int) -> int:
+    """The power of two a batch of ``n`` runs as (few distinct shapes: few autotuning runs, few graphs)."""
+    return 1 << (n - 1).bit_length()
+
+
+def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` with its last row repeated up to ``rows`` rows."""
+    return torch.cat([x, x[-1:].expand(rows - len(x), *x.shape[1:])]) if rows > len(x) else x
 
 
 @dataclass
@@ -604,12 +614,10 @@ class BlazeFaceDetector(FaceDetector):
         when there is one for that count (else the same networks eagerly: the same kernels, the same numbers)."""
         if self.device.type != "cuda":
             return self._look_net(front, second)
-        padded = 1 << (n - 1).bit_length()
+        padded = _padded_count(n)
         entry = self._look_graphs.get(padded, later=self.background) if self._look_graphs is not None else None
         if entry is None:
-            if padded > n:
-                front = torch.cat([front, front[-1:].expand(len(VERIFY_ZOOMS) * (padded - n), -1, -1, -1)])
-                second = torch.cat([second, second[-1:].expand(len(ONET_ZOOMS) * (padded - n), -1, -1, -1)])
+            front, second = _pad(front, len(VERIFY_ZOOMS) * padded), _pad(second, len(ONET_ZOOMS) * padded)
             return self._look_net(front, second)[:n]
         graph, (static_front, static_second), scores = entry
         static_front[:len(front)].copy_(front)  # rows past them keep earlier (scaled) crops: their scores are not read
@@ -619,7 +627,7 @@ class BlazeFaceDetector(FaceDetector):
 
     def _look_net(self, front: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
         """Candidates' scores ``(n,)`` (float64) from their close look's crops (pixels in [0, 255]; scaled here, in
-        place): the mean of the front model's looks (:meth:`centre_scores`, VERIFY_ZOOMS) and ONet's (ONET_ZOOMS),
+        place): the mean of the front model's looks (:meth:`_centre`, VERIFY_ZOOMS) and ONet's (ONET_ZOOMS),
         weighed as one and two."""
         with torch.inference_mode():
             front, second = scale_crops(front), scale_crops(second)
@@ -638,22 +646,9 @@ class BlazeFaceDetector(FaceDetector):
         """The candidates' scores by the close look (see :meth:`_launch_close_look`), waited for."""
         return _Looking(candidates, *self._launch_close_look(images, candidates)).scores()
 
-    def centre_scores(self, crops: torch.Tensor) -> torch.Tensor:
-        """Per crop (``(B, 3, S, S)`` network input), the best score of a detection whose box covers the crop's
-        centre: how surely a face fills it, ``(B,)`` on the device (decoded there, nothing copied back)."""
-        scores = []
-        for start in range(0, len(crops), self.max_batch):
-            part = crops[start:start + self.max_batch]
-            padded = 1 << (len(part) - 1).bit_length()
-            if padded > len(part):
-                part = torch.cat([part, part[-1:].expand(padded - len(part), -1, -1, -1)])
-            with torch.inference_mode():
-                scores.append(self._centre(*self._forward(part))[:len(crops[start:start + self.max_batch])])
-        return torch.cat(scores)
-
     def _centre(self, raw_boxes: torch.Tensor, raw_scores: torch.Tensor) -> torch.Tensor:
-        """The network's raw outputs -> per crop the best score of a detection covering its centre (see
-        :meth:`centre_scores`)."""
+        """The network's raw outputs for crops -> per crop the best score of a detection whose box covers the
+        crop's centre: how surely a face fills it, ``(B,)`` on the device (decoded there, nothing copied back)."""
         net = self.net
         if not hasattr(self, "_anchors_dev"):
             self._anchors_dev = torch.tensor(self.anchors, device=self.device)
@@ -673,7 +668,7 @@ class BlazeFaceDetector(FaceDetector):
         captured in a thread of their own) one eager pass instead, the close look included: the kernels the
         first frames would wait for are loaded."""
         blank = np.zeros(shape, np.uint8)
-        sizes = [1] if self.background else [1 << k for k in range(self.max_batch.bit_length())]
+        sizes = [1] if self.background else _powers_of_two(self.max_batch)
         for b in sizes:
             self.detect([blank] * b)
         if self.verifier is None:
@@ -716,7 +711,7 @@ class BlazeFaceDetector(FaceDetector):
         cells = (x.shape[2] * 16 // self.size, x.shape[3] * 16 // self.size)
         with torch.inference_mode():
             # A padded batch size (few distinct shapes: few autotuning runs); the outputs are read at once.
-            raw_boxes, raw_scores = self._forward(x, padded=1 << (n - 1).bit_length(), fresh=False)
+            raw_boxes, raw_scores = self._forward(x, padded=_padded_count(n), fresh=False)
             # Decoded on the CPU after one copy (57 KB an image, 0.7 MB in the fine view of a 1080p frame): as
             # GPU launches, its dozens of tiny operations and a sync per image cost more than the network itself.
             return (*_to_host(torch.cat([raw_boxes[:n], raw_scores[:n]], dim=2).float()), params, cells)
@@ -745,7 +740,7 @@ class BlazeFaceDetector(FaceDetector):
     def prepare(self) -> None:
         """Capture the graph of every padded batch size, the close look's too, in the background."""
         dtype = next(self.net.parameters()).dtype
-        self._graphs.prepare([(1 << k, dtype, self.size, self.size) for k in range(self.max_batch.bit_length())][::-1])
+        self._graphs.prepare([(b, dtype, self.size, self.size) for b in _powers_of_two(self.max_batch)][::-1])
         if self._look_graphs is not None:
             self._look_graphs.prepare(_powers_of_two(CLOSE_LOOK_BATCH))
 
@@ -786,9 +781,7 @@ class BlazeFaceDetector(FaceDetector):
         if self._graphs is not None and self._graph_worth_it(tuple(x.shape[2:])):
             entry = self._graphs.get(key, later=self.background)
         if entry is None:  # no graphs, or this one's is being captured in the background: the same network
-            if padded > len(x):
-                x = torch.cat([x, x[-1:].expand(padded - len(x), -1, -1, -1)])
-            return self.net(x)
+            return self.net(_pad(x, padded))
         graph, static_in, (boxes, scores) = entry
         static_in[:len(x)].copy_(x)  # rows past them keep earlier inputs: their outputs are not read
         graph.replay()

@@ -243,9 +243,9 @@ class VideoPipeline:
     :meth:`finish` (collect the results, smooth, update the tracks). Whether a chunk's first frame must be looked
     at again is known only in :meth:`finish`, after the next chunk's detection was queued; ``standby`` (default:
     on a GPU, with a detector that queues its work there) queues that look with the chunk's other detections
-    anyway, used only where needed, so that a loss costs no detection of its own while the GPU waits (the boxes
-    that detection would give, to float rounding: a frame's detection moves by that much with the frames batched
-    beside it).
+    anyway while the chunk before lost a face, used only where needed, so that a loss in a run of them costs no
+    detection of its own while the GPU waits (the boxes that detection would give, to float rounding: a frame's
+    detection moves by that much with the frames batched beside it).
     """
 
     def __init__(self, pipeline: Pipeline, detect_every: int = 5, smooth: bool = True,
@@ -259,6 +259,10 @@ class VideoPipeline:
         self.start_score = threshold if threshold is not None else 0.0
         self.hold_score = threshold - HOLD_MARGIN if threshold is not None else None
         self.need_detection = True
+        # Whether the last chunk read lost a face: losses come in runs (landmarks that do not follow the faces
+        # break their bounds chunk after chunk; landmarks that do, seldom), and the standby is queued only while
+        # they do: otherwise its views would be GPU work thrown away nearly every chunk.
+        self.losing = True
         self.seen = 0  # frames of the video so far: the periodic detections fall on the same frames at any chunk size
         # The detector gets a stream of its own: a chunk's detection then runs beside, and waits for
         # nothing of, the previous chunk's EmoNet work; high priority, so its few small kernels get the
@@ -294,7 +298,8 @@ class VideoPipeline:
         Every ``detect_every``-th frame of the video, counted from its first, whatever the chunks, small faces
         looked for on every SMALL_FACES_EVERY-th of them, and the video's first frame; with ``standby``, the
         chunk's first frame too, where it is no detection frame and another frame of the chunk is, as
-        :meth:`launch` would look at it again, for it to use if the previous chunk lost a face.
+        :meth:`launch` would look at it again, for it to use if the previous chunk lost a face (while the chunk
+        before lost one: losses come in runs).
         """
         flags, small, whole_only = [], [], set()
         for frame in chunk:
@@ -311,7 +316,7 @@ class VideoPipeline:
         relook_small = self._relook_small(chunk[0].shape)
         # It rides with the chunk's other detections; a first frame detected anyway (whole-only, while a small face
         # is followed) is looked at again only after a loss, not twice in every such chunk.
-        standby = self.standby and bool(picked) and not flags[0]
+        standby = self.standby and self.losing and bool(picked) and not flags[0]
         if standby:
             picked.insert(0, (chunk[0], relook_small))
         if not picked:
@@ -395,6 +400,7 @@ class VideoPipeline:
             per_frame[face.image].append(result)
         if any(not faces for faces in per_frame):
             self.need_detection = True
+        self.losing = self.need_detection
         return per_frame
 
     def _relook_small(self, shape: tuple) -> bool:

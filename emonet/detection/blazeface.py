@@ -709,9 +709,13 @@ class BlazeFaceDetector(FaceDetector):
 
     def _launch_input(self, x: torch.Tensor, n: int, params: list) -> tuple:
         cells = (x.shape[2] * 16 // self.size, x.shape[3] * 16 // self.size)
+        # A padded batch size (few distinct shapes: few autotuning runs, few graphs), except for the fine view on a
+        # GPU: per image some four times the whole view's work, where a video's three images a chunk would run as
+        # four (it has one fine-view size, and few counts: a graph each).
+        fine = tuple(x.shape[2:]) != (self.size, self.size)
+        padded = n if fine and self.device.type == "cuda" else _padded_count(n)
         with torch.inference_mode():
-            # A padded batch size (few distinct shapes: few autotuning runs); the outputs are read at once.
-            raw_boxes, raw_scores = self._forward(x, padded=_padded_count(n), fresh=False)
+            raw_boxes, raw_scores = self._forward(x, padded=padded, fresh=False)  # the outputs are read at once
             # Decoded on the CPU after one copy (57 KB an image, 0.7 MB in the fine view of a 1080p frame): as
             # GPU launches, its dozens of tiny operations and a sync per image cost more than the network itself.
             return (*_to_host(torch.cat([raw_boxes[:n], raw_scores[:n]], dim=2).float()), params, cells)

@@ -243,9 +243,9 @@ class VideoPipeline:
     :meth:`finish` (collect the results, smooth, update the tracks). Whether a chunk's first frame must be looked
     at again is known only in :meth:`finish`, after the next chunk's detection was queued; ``standby`` (default:
     on a GPU, with a detector that queues its work there) queues that look with the chunk's other detections
-    anyway while the chunk before lost a face, used only where needed, so that a loss in a run of them costs no
-    detection of its own while the GPU waits (the boxes that detection would give, to float rounding: a frame's
-    detection moves by that much with the frames batched beside it).
+    anyway while the last chunk read (the one before the previous) lost a face, used only where needed, so that a
+    loss in a run of them costs no detection of its own while the GPU waits (the boxes that detection would give,
+    to float rounding: a frame's detection moves by that much with the frames batched beside it).
     """
 
     def __init__(self, pipeline: Pipeline, detect_every: int = 5, smooth: bool = True,
@@ -298,8 +298,8 @@ class VideoPipeline:
         Every ``detect_every``-th frame of the video, counted from its first, whatever the chunks, small faces
         looked for on every SMALL_FACES_EVERY-th of them, and the video's first frame; with ``standby``, the
         chunk's first frame too, where it is no detection frame and another frame of the chunk is, as
-        :meth:`launch` would look at it again, for it to use if the previous chunk lost a face (while the chunk
-        before lost one: losses come in runs).
+        :meth:`launch` would look at it again, for it to use if the previous chunk lost a face (only while the last
+        chunk read, the one before it, lost one: losses come in runs).
         """
         flags, small, whole_only = [], [], set()
         for frame in chunk:

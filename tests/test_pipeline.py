@@ -152,24 +152,27 @@ def test_a_lost_face_is_looked_for_in_standby_with_the_same_boxes(reference_mode
     assert [f.detected for f in ahead[5]] == [False] * len(widths)
 
 
+@pytest.mark.parametrize("lost", [False, True])
 @pytest.mark.parametrize("losing", [False, True])
-def test_the_standby_look_is_queued_only_while_faces_are_being_lost(reference_model, losing):
+def test_the_standby_look_is_queued_only_while_faces_are_being_lost(reference_model, losing, lost):
     # Landmarks that follow their faces seldom break their bounds: a standby look queued every chunk would be work
-    # thrown away nearly every time. It rides with the next chunk's detections only after a chunk that lost a face.
+    # thrown away nearly every time. It rides with a chunk's detections only while the last chunk read lost a face;
+    # a loss is looked at again either way (from the standby, or on its own after a quiet chunk).
     scene, _ = small_faces_scene(widths=(300,), places=((900, 300),))
     frames = [Frame(index=i, timestamp=i / 30, host=scene) for i in range(8)]
     pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)), BlazeFaceDetector("cpu"))
     video = VideoPipeline(pipeline, detect_every=3, standby=True)
     flags, queued = video.detect(frames[:4])
     pending = video.launch(frames[:4], flags, queued)
-    video.losing = losing  # what finish() said of the chunk before: it lost a face, or not
+    video.losing = losing  # as finish() of a chunk read before would have said: it lost a face, or not
     flags, queued = video.detect(frames[4:])  # frame 4 is no periodic detection frame, frame 6 is
     assert flags == [False, False, True, False]
     assert queued.standby is losing
     video.finish(pending)
-    video.need_detection = losing  # and of this one (losses come in runs)
+    assert video.losing == video.need_detection  # finish() says whether the chunk it read lost a face
+    video.need_detection = lost  # whether it did
     results = video.finish(video.launch(frames[4:], flags, queued))
-    assert [f.detected for f in results[0]] == [losing]  # looked at again, from the standby, only after the loss
+    assert [f.detected for f in results[0]] == [lost]  # frame 4 looked at again after a loss, only then
 
 
 def test_at_most_max_faces_a_frame_while_a_small_face_is_followed_unseen(reference_model):

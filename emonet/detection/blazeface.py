@@ -136,6 +136,10 @@ TILE_MARGIN = 0.1  # unverified: the score a face seen only in a tile or the fin
 FINE_FROM = 3
 FINE_SCALE = 0.6
 FINE_MAX_SIDE = 1536
+# On a GPU the fine view runs up to this many images as they are, not padded to a power of two: per image it is
+# some four times the whole view's work, and a video's chunk has two or three such frames (three as four would be
+# a third more of it); more are padded (a graph per count and size, each keeping its memory).
+FINE_UNPADDED = 4
 # Over this long side (4K frames, scans, mosaics) the image is also searched in overlapping tiles (see tile_grid).
 TILES_FROM = 2560
 # A face at least this many pixels of the whole view's input (its box's longer side) is found by the whole view
@@ -663,12 +667,13 @@ class BlazeFaceDetector(FaceDetector):
         return torch.where(covers, p, torch.zeros_like(p)).amax(dim=1)
 
     def warmup(self, shape: tuple = (720, 1280, 3)) -> None:
-        """Pay at load what the first images would: every padded batch size once, the close look's too, so
+        """Pay at load what the first images would: every padded batch size once (and the fine view's unpadded
+        counts), the close look's too, so
         kernel selection and graph capture are done before real images. In the background mode (its graphs
         captured in a thread of their own) one eager pass instead, the close look included: the kernels the
         first frames would wait for are loaded."""
         blank = np.zeros(shape, np.uint8)
-        sizes = [1] if self.background else _powers_of_two(self.max_batch)
+        sizes = [1] if self.background else sorted({*_powers_of_two(self.max_batch), *range(1, FINE_UNPADDED + 1)})
         for b in sizes:
             self.detect([blank] * b)
         if self.verifier is None:
@@ -709,11 +714,10 @@ class BlazeFaceDetector(FaceDetector):
 
     def _launch_input(self, x: torch.Tensor, n: int, params: list) -> tuple:
         cells = (x.shape[2] * 16 // self.size, x.shape[3] * 16 // self.size)
-        # A padded batch size (few distinct shapes: few autotuning runs, few graphs), except for the fine view on a
-        # GPU: per image some four times the whole view's work, where a video's three images a chunk would run as
-        # four (it has one fine-view size, and few counts: a graph each).
+        # A padded batch size (few distinct shapes: few autotuning runs, few graphs), except for a few images in the
+        # fine view on a GPU (see FINE_UNPADDED).
         fine = tuple(x.shape[2:]) != (self.size, self.size)
-        padded = n if fine and self.device.type == "cuda" else _padded_count(n)
+        padded = n if fine and self.device.type == "cuda" and n <= FINE_UNPADDED else _padded_count(n)
         with torch.inference_mode():
             raw_boxes, raw_scores = self._forward(x, padded=padded, fresh=False)  # the outputs are read at once
             # Decoded on the CPU after one copy (57 KB an image, 0.7 MB in the fine view of a 1080p frame): as

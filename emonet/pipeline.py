@@ -195,8 +195,9 @@ class Pipeline:
 # In video the detector looks for small faces (its fine view: faces under its small_face_limit) on every
 # SMALL_FACES_EVERY-th periodic detection frame, and on the look again after a loss while a small face is
 # followed; on the others it sees the whole frame only, which finds every face from that limit on, and small
-# faces already followed are followed on from their landmarks. A new small face is found within detect_every * SMALL_FACES_EVERY frames
-# (half a second at 30 frames/s by default); the fine view is most of the detector's cost (docs/PERFORMANCE.md).
+# faces already followed are followed on from their landmarks. A new small face is found within
+# detect_every * SMALL_FACES_EVERY frames (half a second at 30 frames/s by default); the fine view is most of the
+# detector's cost (docs/PERFORMANCE.md).
 SMALL_FACES_EVERY = 3
 
 # Hysteresis: a face the tracker already follows is kept down to HOLD_MARGIN under the detector's threshold,

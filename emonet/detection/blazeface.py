@@ -465,6 +465,7 @@ class BlazeFaceDetector(FaceDetector):
         state = torch.load(path, map_location="cpu", weights_only=True)
         self.device = torch.device(device)
         self.queues = self.device.type == "cuda"
+        self._fine_unpadded = FINE_UNPADDED if self.queues else 0  # (on the CPU: padded, as ever)
         self.net = BlazeFace(back_model=(model == "back"))
         self.net.load_state_dict(state[model])
         self.net.to(self.device).eval()
@@ -668,12 +669,12 @@ class BlazeFaceDetector(FaceDetector):
 
     def warmup(self, shape: tuple = (720, 1280, 3)) -> None:
         """Pay at load what the first images would: every padded batch size once (and the fine view's unpadded
-        counts), the close look's too, so
-        kernel selection and graph capture are done before real images. In the background mode (its graphs
-        captured in a thread of their own) one eager pass instead, the close look included: the kernels the
-        first frames would wait for are loaded."""
+        counts), the close look's too, so kernel selection and graph capture are done before real images. In the
+        background mode (its graphs captured in a thread of their own) one eager pass instead, the close look
+        included: the kernels the first frames would wait for are loaded."""
         blank = np.zeros(shape, np.uint8)
-        sizes = [1] if self.background else sorted({*_powers_of_two(self.max_batch), *range(1, FINE_UNPADDED + 1)})
+        sizes = [1] if self.background else sorted({*_powers_of_two(self.max_batch),
+                                                    *range(1, self._fine_unpadded + 1)})
         for b in sizes:
             self.detect([blank] * b)
         if self.verifier is None:
@@ -717,7 +718,7 @@ class BlazeFaceDetector(FaceDetector):
         # A padded batch size (few distinct shapes: few autotuning runs, few graphs), except for a few images in the
         # fine view on a GPU (see FINE_UNPADDED).
         fine = tuple(x.shape[2:]) != (self.size, self.size)
-        padded = n if fine and self.device.type == "cuda" and n <= FINE_UNPADDED else _padded_count(n)
+        padded = n if fine and n <= self._fine_unpadded else _padded_count(n)
         with torch.inference_mode():
             raw_boxes, raw_scores = self._forward(x, padded=padded, fresh=False)  # the outputs are read at once
             # Decoded on the CPU after one copy (57 KB an image, 0.7 MB in the fine view of a 1080p frame): as

@@ -243,17 +243,21 @@ def test_i420_to_rgb_is_opencvs_conversion_and_knows_bt709_and_full_range():
 def test_i420_to_rgb_is_its_stated_arithmetic_for_every_chroma_pair():
     # Each (Cb, Cr) product rounded, their sum, plus the scaled luma, rounded half to even and clamped: float32
     # steps that every device rounds alike (so the GPU's pixels are the CPU's), here on all 65,536 chroma pairs.
+    # Lumas 111 and 146 are where a fused multiply-add (either order) would put a pixel a level apart.
     import torch
     from emonet.io.video import _MATRICES, i420_to_rgb
     c = np.arange(256, dtype=np.uint8)
     cb, cr = (a.reshape(256, 256) for a in np.meshgrid(c, c, indexing="ij"))
-    lumas = np.array([0, 1, 16, 17, 100, 128, 201, 235, 254, 255], np.uint8)
+    lumas = np.array([0, 1, 16, 17, 100, 111, 128, 146, 201, 235, 254, 255], np.uint8)
+    n = len(lumas)
+    luma = np.broadcast_to(lumas[:, None, None], (n, 512, 512)).reshape(n, -1)
+    i420 = np.concatenate([luma, np.broadcast_to(np.concatenate([cb.ravel(), cr.ravel()]), (n, 2 * 256 * 256))], axis=1)
+    nv12 = np.concatenate([luma, np.broadcast_to(np.stack([cb.ravel(), cr.ravel()], -1).ravel(), (n, 2 * 256 * 256))], axis=1)
     f = np.float32
-    for matrix, full in (("601", False), ("709", True)):
-        planes = np.concatenate([np.broadcast_to(lumas[:, None, None], (len(lumas), 512, 512)).reshape(len(lumas), -1),
-                                 np.broadcast_to(np.concatenate([cb.ravel(), cr.ravel()]), (len(lumas), 2 * 256 * 256))],
-                                axis=1).reshape(len(lumas), 768, 512)
-        out = i420_to_rgb(torch.from_numpy(planes), matrix, full).numpy()
+    for matrix, full, interleaved in (("601", False, False), ("601", True, False), ("709", False, False),
+                                      ("709", True, False), ("601", False, True)):
+        planes = (nv12 if interleaved else i420).reshape(n, 768, 512)
+        out = i420_to_rgb(torch.from_numpy(planes), matrix, full, nv12=interleaved).numpy()
         kr, kb = _MATRICES[matrix]
         kg = 1.0 - kr - kb
         y_scale, c_scale, y0 = (1.0, 1.0, 0.0) if full else (255.0 / 219.0, 255.0 / 224.0, 16.0)
@@ -262,8 +266,9 @@ def test_i420_to_rgb_is_its_stated_arithmetic_for_every_chroma_pair():
         offsets = (cb.astype(f)[..., None] - f(128)) * weights[0] + (cr.astype(f)[..., None] - f(128)) * weights[1]
         for k, y in enumerate(lumas):
             expected = np.clip(np.rint(offsets + (f(y) - f(y0)) * f(y_scale)), 0, 255).astype(np.uint8)
-            # every pixel of a 2x2 block carries its block's chroma
-            assert np.array_equal(out[k, ::2, ::2], expected) and np.array_equal(out[k, 1::2, 1::2], expected)
+            for dy in (0, 1):  # every pixel of a 2x2 block carries its block's chroma
+                for dx in (0, 1):
+                    assert np.array_equal(out[k, dy::2, dx::2], expected), (matrix, full, interleaved, y)
 
 
 def test_reader_decodes_in_a_child_process_and_leaves_nothing_behind(clip):
@@ -365,9 +370,10 @@ def test_on_a_gpu_frames_are_uploaded_as_rgb_and_a_host_copy_is_optional(clip):
         assert [f.index for f in frames] == list(range(count))
         for frame, rgb in zip(frames, expected):
             assert (frame.host is not None) == keep_host and frame.shape == rgb.shape
-            # the same arithmetic on the GPU as on the CPU, rounded alike: the same pixels
+            # the same arithmetic on the GPU as on the CPU, rounded alike: the same pixels (without a host
+            # copy, frame.image is the GPU's copied back)
             assert np.array_equal(frame.on_device(device).cpu().numpy(), rgb)
-            assert not keep_host or np.array_equal(frame.image, rgb)  # the host copy: the CPU's
+            assert np.array_equal(frame.image, rgb)
 
 
 def test_detected_rows_are_the_same_at_every_batch_size(clip, tmp_path):

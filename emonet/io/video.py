@@ -43,21 +43,23 @@ def i420_to_rgb(yuv: torch.Tensor, matrix: str = "601", full_range: bool = False
     lead = yuv.shape[:-2]
     h, w = yuv.shape[-2] * 2 // 3, yuv.shape[-1]
     flat = yuv.reshape(*lead, -1)
-    # Luma as 2x2 blocks, (..., h/2, 2, w/2, 2, 1), so that each block's chroma offsets broadcast over it: RGB is
-    # written once, at full size, with no full-size copy of the offsets first.
-    luma = flat[..., :h * w].reshape(*lead, h // 2, 2, w // 2, 2, 1).float()
+    y_scale, c_scale, y0 = (1.0, 1.0, 0.0) if full_range else (255.0 / 219.0, 255.0 / 224.0, 16.0)
+    # (Cb, Cr) -> (R, G, B) offsets from luma: each product rounded, then their sum (element-wise steps, not a
+    # matrix product, whose kernels may fuse the multiply-add differently on each device): eagerly on a CPU or a
+    # CUDA GPU, the same pixels.
     if nv12:
         chroma = flat[..., h * w:h * w * 3 // 2]
     else:
         chroma = torch.stack([flat[..., h * w:h * w * 5 // 4], flat[..., h * w * 5 // 4:h * w * 3 // 2]], -1)
     chroma = chroma.reshape(*lead, h // 2, w // 2, 2, 1).float() - 128.0
-    y_scale, c_scale, y0 = (1.0, 1.0, 0.0) if full_range else (255.0 / 219.0, 255.0 / 224.0, 16.0)
-    # (Cb, Cr) -> (R, G, B) offsets from luma: each product rounded, then their sum (element-wise, not a matrix
-    # product, whose kernels may fuse the multiply-add differently on each device): the same pixels on any device.
     weights = torch.tensor([[0.0, -2 * (1 - kb) * kb / kg, 2 * (1 - kb)],
                             [2 * (1 - kr), -2 * (1 - kr) * kr / kg, 0.0]], device=yuv.device) * c_scale
     offsets = (chroma * weights).sum(dim=-2).unsqueeze(-2).unsqueeze(-4)  # (..., h/2, 1, w/2, 1, 3)
-    rgb = offsets + (luma - y0).mul_(y_scale)
+    del chroma
+    # Luma as 2x2 blocks, (..., h/2, 2, w/2, 2, 1), so that each block's offsets broadcast over it: RGB is written
+    # once, at full size, with no full-size copy of the offsets first (luma scaled in place: a copy of its own).
+    luma = flat[..., :h * w].reshape(*lead, h // 2, 2, w // 2, 2, 1).to(torch.float32, copy=True)
+    rgb = offsets + luma.sub_(y0).mul_(y_scale)
     return rgb.reshape(*lead, h, w, 3).round_().clamp_(0, 255).to(torch.uint8)
 
 

@@ -43,8 +43,13 @@ def box_to_matrix(box: Sequence[float], reference_scale: float = LANDMARK_REFERE
 
 def landmarks_box(landmarks: np.ndarray) -> np.ndarray:
     """Tight box ``[x1, y1, x2, y2]`` around ``(68, 2)`` landmarks."""
+    return landmarks_boxes(np.asarray(landmarks)[None])[0]
+
+
+def landmarks_boxes(landmarks: np.ndarray) -> np.ndarray:
+    """:func:`landmarks_box` of ``(n, 68, 2)`` landmarks at once: ``(n, 4)``."""
     pts = np.asarray(landmarks, dtype=np.float64)
-    return np.concatenate([pts.min(axis=0), pts.max(axis=0)])
+    return np.concatenate([pts.min(axis=1), pts.max(axis=1)], axis=1)
 
 
 def warp_crops(image: np.ndarray, matrices: Sequence[np.ndarray], size: int = CROP_SIZE) -> np.ndarray:

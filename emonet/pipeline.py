@@ -24,9 +24,9 @@ from .detection import FaceDetector
 from .detection.whole import WholeImageDetector
 from .engine import Engine
 from .engine.graphs import synchronize
-from .geometry import CROP_SIZE, box_to_matrix, crop_frames, crop_to_image, landmarks_box, to_tensor
+from .geometry import CROP_SIZE, box_to_matrix, crop_frames, crop_to_image, landmarks_box, landmarks_boxes, to_tensor
 from .results import FaceResult
-from .tracking import Tracker, longer_side
+from .tracking import Tracker, longer_side, set_landmarks
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,14 @@ class Pending:
     outputs: Optional[torch.Tensor] = None   # per face: logits, valence, arousal, 68 x 2 landmarks (crop px)
     done: Optional["torch.cuda.Event"] = None
     flipped: bool = False                    # two more columns: the mirrored crop's valence and arousal
+
+
+@dataclass
+class Outputs:
+    """A launch's outputs on the host (see :meth:`Pipeline.read`)."""
+
+    values: np.ndarray               # (n, classes + 2): per face its raw logits, valence and arousal
+    landmarks: np.ndarray            # (n, 68, 2): x, y in image pixels
 
 
 Smoother = Callable[[np.ndarray], np.ndarray]
@@ -115,36 +123,48 @@ class Pipeline:
         return pending
 
     def collect(self, pending: Pending, smoothers: Optional[Sequence[Optional[Smoother]]] = None) -> list[FaceResult]:
-        """The planned faces' results, in order: the one place network outputs become results.
+        """The planned faces' results, in order (waits for them): :meth:`read`, then :meth:`results`.
 
         ``smoothers`` (one per face, or None) map a face's raw ``logits, valence, arousal`` to the values
         reported (video smoothing, spec §6); the landmarks are never smoothed.
         """
+        return self.results(pending, self.read(pending), smoothers)
+
+    def read(self, pending: Pending) -> Outputs:
+        """Wait for a launch's outputs: per face its raw values and its landmarks in image pixels."""
+        n = self.engine.n_expression
         if not pending.faces:
-            return []
+            return Outputs(np.zeros((0, n + 2)), np.zeros((0, 68, 2)))
         if pending.done is not None:
             pending.done.synchronize()
         outputs = pending.outputs.numpy().astype(np.float64)
-        n = self.engine.n_expression
         if pending.flipped:
             # Valence and arousal: the mean of the crop's and the mirrored crop's raw outputs, clamped after;
             # the expression and landmarks are the unflipped crop's (spec §7).
             outputs[:, n:n + 2] = (outputs[:, n:n + 2] + outputs[:, -2:]) / 2
             outputs = outputs[:, :-2]
         landmarks = crop_to_image([f.matrix for f in pending.faces], outputs[:, n + 2:].reshape(len(outputs), -1, 2))
+        return Outputs(outputs[:, :n + 2], landmarks)
+
+    def results(self, pending: Pending, outputs: Outputs,
+                smoothers: Optional[Sequence[Optional[Smoother]]] = None) -> list[FaceResult]:
+        """The planned faces' results from their outputs (see :meth:`collect`): the one place network outputs
+        become results."""
+        n = self.engine.n_expression
         results = []
         for k, face in enumerate(pending.faces):
-            raw = outputs[k, :n + 2]
+            raw = outputs.values[k]
             smooth = smoothers[k] if smoothers is not None else None
             values = smooth(raw) if smooth is not None else raw
             probs = np.exp(values[:n] - values[:n].max())
             probs /= probs.sum()
+            landmarks = outputs.landmarks[k]
             results.append(FaceResult(
                 frame=face.frame, face_id=face.face_id,
-                box=face.box if face.box is not None else landmarks_box(landmarks[k]),
+                box=face.box if face.box is not None else landmarks_box(landmarks),
                 score=face.score, detected=face.detected, expression=int(probs.argmax()), probabilities=probs,
                 valence=float(np.clip(values[n], -1, 1)), arousal=float(np.clip(values[n + 1], -1, 1)),
-                landmarks=landmarks[k], matrix=face.matrix))
+                landmarks=landmarks, matrix=face.matrix))
         return results
 
     # -- photos and dataset images ---------------------------------------------------------------
@@ -226,6 +246,16 @@ class PendingChunk:
     tracks: list                    # the Track of each planned face
 
 
+@dataclass
+class SettledChunk:
+    """A chunk whose outputs have come back and whose tracks have their landmarks (see
+    :meth:`VideoPipeline.settle`); its results are still to be made."""
+
+    chunk: PendingChunk
+    outputs: Outputs
+    boxes: list                     # each face's box as reported
+
+
 class VideoPipeline:
     """Frames in chunks -> per frame, its faces' results, with tracking between detections.
 
@@ -239,10 +269,12 @@ class VideoPipeline:
     the last chunk's frames (a trade of crop freshness for batching: ``batch_size=1`` uses the previous
     frame's); detected frames are the same at any chunk size.
 
-    Three steps a chunk, so that on a GPU the next chunk's detection runs while this one's results are
-    read: :meth:`detect` (queue the detector, its close look too), :meth:`launch` (track, plan, crop, queue EmoNet),
-    :meth:`finish` (collect the results, smooth, update the tracks). Whether a chunk's first frame must be looked
-    at again is known only in :meth:`finish`, after the next chunk's detection was queued; ``standby`` (default:
+    Steps a chunk, so that on a GPU the next chunk's detection runs while this one's results are read:
+    :meth:`detect` (queue the detector, its close look too), :meth:`launch` (track, plan, crop, queue EmoNet),
+    :meth:`settle` (wait for the outputs, hand the tracks their landmarks: all the next launch needs) and
+    :meth:`results` (smooth, make the results; after the next launch, while the GPU runs it), or :meth:`finish`
+    for both. Whether a chunk's first frame must be looked at again is known only in :meth:`settle`, after the next
+    chunk's detection was queued; ``standby`` (default:
     on a GPU, with a detector that queues its work there) queues that look with the chunk's other detections
     anyway while the last chunk read (the one before the previous) lost a face, used only where needed, so that a
     loss in a run of them costs no detection of its own while the GPU waits (the boxes that detection would give,
@@ -385,23 +417,51 @@ class VideoPipeline:
         return PendingChunk(chunk, self.pipeline.launch(pixels, planned), tracks)
 
     def finish(self, chunk: PendingChunk) -> list[list[FaceResult]]:
-        """Per frame of the chunk, its faces' results; the tracks take their landmarks for the next crops."""
-        smoothers = [t.smoother for t in chunk.tracks] if self.smooth else None
-        results = self.pipeline.collect(chunk.pending, smoothers)
-        per_frame: list[list[FaceResult]] = [[] for _ in chunk.frames]
-        for face, result, track in zip(chunk.pending.faces, results, chunk.tracks):
-            shape = chunk.frames[face.image].shape
-            if not track.set_landmarks(result.landmarks, face.frame) and not result.detected:
-                self.need_detection = True  # the landmarks' box broke its bounds: the detector looks again
-            x1, y1, x2, y2 = result.box  # the landmarks' own box on a tracked frame
-            if not result.detected:
-                track.box = result.box = track.crop_box.copy()  # reported as bounded as it is cropped
-            if x2 < 0 or y2 < 0 or x1 > shape[1] or y1 > shape[0] or (x2 - x1) < 8:
-                self.need_detection = True  # the face left the frame or collapsed: look again
-            per_frame[face.image].append(result)
-        if any(not faces for faces in per_frame):
+        """Per frame of the chunk, its faces' results; the tracks take their landmarks for the next crops
+        (:meth:`settle`, then :meth:`results`)."""
+        return self.results(self.settle(chunk))
+
+    def settle(self, chunk: PendingChunk) -> SettledChunk:
+        """Wait for the chunk's outputs and hand each track its landmarks, deciding whether the next chunk's first
+        frame is looked at again: all that the next :meth:`launch` needs of this chunk. Its results are made by
+        :meth:`results`, which may come after that launch: the GPU then works meanwhile."""
+        outputs = self.pipeline.read(chunk.pending)
+        faces = chunk.pending.faces
+        held, ok = set_landmarks(chunk.tracks, outputs.landmarks, [f.frame for f in faces])
+        detected = np.array([f.detected for f in faces], bool)
+        # The box reported: the detection's on a detected frame; else the landmarks' own, held to the bounds of
+        # the track's last detection as it is cropped.
+        own = landmarks_boxes(outputs.landmarks)
+        for k, face in enumerate(faces):
+            if face.box is not None:
+                own[k] = face.box
+        if (~ok & ~detected).any():
+            self.need_detection = True  # the landmarks' box broke its bounds: the detector looks again
+        shapes = np.array([chunk.frames[f.image].shape[:2] for f in faces], np.float64).reshape(-1, 2)
+        x1, y1, x2, y2 = own.T
+        if ((x2 < 0) | (y2 < 0) | (x1 > shapes[:, 1]) | (y1 > shapes[:, 0]) | ((x2 - x1) < 8)).any():
+            self.need_detection = True  # a face left the frame or collapsed: look again
+        boxes = []
+        for face, track, box in zip(faces, chunk.tracks, held):
+            if face.detected:
+                boxes.append(face.box)
+            else:
+                track.box = box.copy()
+                boxes.append(box.copy())
+        if len({f.image for f in faces}) < len(chunk.frames):  # a frame without a face
             self.need_detection = True
         self.losing = self.need_detection
+        return SettledChunk(chunk, outputs, boxes)
+
+    def results(self, settled: SettledChunk) -> list[list[FaceResult]]:
+        """Per frame of a settled chunk, its faces' results (smoothed in frame order: chunk after chunk)."""
+        chunk = settled.chunk
+        smoothers = [t.smoother for t in chunk.tracks] if self.smooth else None
+        results = self.pipeline.results(chunk.pending, settled.outputs, smoothers)
+        per_frame: list[list[FaceResult]] = [[] for _ in chunk.frames]
+        for face, result, box in zip(chunk.pending.faces, results, settled.boxes):
+            result.box = box
+            per_frame[face.image].append(result)
         return per_frame
 
     def _relook_small(self, shape: tuple) -> bool:

@@ -7,11 +7,11 @@ face is not dragged towards zero as the released model's zero-initialised buffer
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
-from .geometry import box_to_matrix, landmarks_box
+from .geometry import box_to_matrix, landmarks_box, landmarks_boxes
 
 SMOOTHING_WEIGHTS = np.array([0.1, 0.1, 0.15, 0.25, 0.4])
 
@@ -28,27 +28,34 @@ def longer_side(box: np.ndarray) -> float:
     return float(max(box[2] - box[0], box[3] - box[1]))
 
 
-def _size(box: np.ndarray) -> float:
-    return float((box[2] - box[0]) + (box[3] - box[1])) / 2
-
-
 def bound_box(box: np.ndarray, reference: np.ndarray, frames: int) -> tuple[np.ndarray, bool]:
     """``box`` held to ``reference`` (the last detection, ``frames`` frames ago): its size within
     :data:`MAX_SCALE` either way and its centre within ``MAX_SPEED * frames`` face sizes; returns the box
     and whether it was within those bounds already."""
-    box = np.asarray(box, np.float64)
-    size, ref_size = max(_size(box), 1e-6), max(_size(reference), 1e-6)
-    scale = float(np.clip(size / ref_size, 1 / MAX_SCALE, MAX_SCALE))
-    centre, ref_centre = (box[:2] + box[2:]) / 2, (reference[:2] + reference[2:]) / 2
-    shift, limit = centre - ref_centre, MAX_SPEED * ref_size * max(frames, 1)
-    distance = float(np.hypot(*shift))
-    ok = abs(scale - size / ref_size) < 1e-9 and distance <= limit
-    if ok:
-        return box, True
-    if distance > limit:
-        centre = ref_centre + shift * (limit / distance)
-    half = (box[2:] - box[:2]) / 2 * (scale * ref_size / size)
-    return np.concatenate([centre - half, centre + half]), False
+    boxes, ok = bound_boxes(np.asarray(box)[None], np.asarray(reference)[None], np.array([frames]))
+    return boxes[0], bool(ok[0])
+
+
+def bound_boxes(boxes: np.ndarray, references: np.ndarray, frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`bound_box` of ``(n, 4)`` boxes against their ``(n, 4)`` references, ``(n,)`` frames apart, at once:
+    the boxes ``(n, 4)`` and whether each was within its bounds already ``(n,)``."""
+    boxes, references = np.asarray(boxes, np.float64), np.asarray(references, np.float64)
+    size = np.maximum(((boxes[:, 2] - boxes[:, 0]) + (boxes[:, 3] - boxes[:, 1])) / 2, 1e-6)
+    ref_size = np.maximum(((references[:, 2] - references[:, 0]) + (references[:, 3] - references[:, 1])) / 2, 1e-6)
+    ratio = size / ref_size
+    scale = np.clip(ratio, 1 / MAX_SCALE, MAX_SCALE)
+    centre, ref_centre = (boxes[:, :2] + boxes[:, 2:]) / 2, (references[:, :2] + references[:, 2:]) / 2
+    shift, limit = centre - ref_centre, MAX_SPEED * ref_size * np.maximum(frames, 1)
+    distance = np.hypot(shift[:, 0], shift[:, 1])
+    ok = (np.abs(scale - ratio) < 1e-9) & (distance <= limit)
+    out = boxes.copy()
+    if ok.all():
+        return out, ok
+    far = distance > limit
+    centre[far] = ref_centre[far] + shift[far] * (limit[far] / distance[far])[:, None]
+    half = (boxes[:, 2:] - boxes[:, :2]) / 2 * (scale * ref_size / size)[:, None]
+    out[~ok] = np.concatenate([centre - half, centre + half], axis=1)[~ok]
+    return out, ok
 
 
 class Smoother:
@@ -105,12 +112,20 @@ class Track:
     def set_landmarks(self, landmarks: np.ndarray, frame: Optional[int] = None) -> bool:
         """EmoNet's landmarks of the face's frame ``frame``: the next crops come from their box, held to the
         latest detection (:func:`bound_box`). False when the box broke those bounds: look for the face again."""
-        self.landmarks = landmarks
-        self.detected_since = False
-        frames = 0 if frame is None else frame - self.det_frame
-        reference = self.det_box if self.det_box is not None else self.box
-        self.crop_box, ok = bound_box(landmarks_box(landmarks), reference, frames)
-        return ok
+        return bool(set_landmarks([self], np.asarray(landmarks)[None], [frame])[1][0])
+
+
+def set_landmarks(tracks: Sequence[Track], landmarks: np.ndarray,
+                  frames: Sequence[Optional[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`Track.set_landmarks` for many faces at once (``(n, 68, 2)`` landmarks; a track given more than once
+    keeps its last): per face, its landmarks' box held to its bounds ``(n, 4)`` and whether it was within them
+    ``(n,)``."""
+    references = np.array([t.det_box if t.det_box is not None else t.box for t in tracks], np.float64).reshape(-1, 4)
+    since = np.array([0 if f is None else f - t.det_frame for t, f in zip(tracks, frames)], np.int64)
+    boxes, ok = bound_boxes(landmarks_boxes(landmarks), references, since)
+    for track, points, box in zip(tracks, landmarks, boxes):
+        track.landmarks, track.detected_since, track.crop_box = points, False, box
+    return boxes, ok
 
 
 class Tracker:

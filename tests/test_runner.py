@@ -61,6 +61,21 @@ def test_frames_go_to_the_sinks_and_come_out_in_order_with_stable_ids(face, conf
     assert run.closed and not run.interrupted and run.error is None and run.frames == 12 and run.faces == 9
 
 
+def test_a_chunks_results_are_handed_out_after_the_next_chunk_is_queued(face, config, loader, monkeypatch):
+    # The host's work on a chunk's results (smoothing, rows, the caller's own loop) runs while the GPU reads the
+    # next chunk, not before that chunk is queued; the rows are those the tracker gives either way (other tests).
+    pipeline = loader((320, 480, 3))
+    launches = []
+    real_launch = pipeline.launch
+    monkeypatch.setattr(pipeline, "launch", lambda *a, **k: launches.append(len(launches)) or real_launch(*a, **k))
+    queued_by_then = {}
+    sink = CallbackSink(lambda frame, faces: queued_by_then.setdefault(frame.index, len(launches)))
+    frames = [scene(i, face) for i in range(10)]  # chunks of 4: frames 0-3, 4-7, 8-9
+    yielded = list(run_videos([VideoInput(ArraySource(frames), [sink], progress=False)], config, loader))
+    assert [f.index for f in yielded[:-1]] == list(range(10)) and len(launches) == 3
+    assert [queued_by_then[i] for i in (0, 3, 4, 7, 8, 9)] == [2, 2, 3, 3, 3, 3]
+
+
 def test_a_collection_gives_each_video_its_own_frames_sinks_and_run(face, config, loader):
     seen = {"a": [], "b": []}
     videos = [VideoInput(ArraySource([scene(i, face) for i in range(n)], source=name),

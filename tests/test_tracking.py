@@ -116,6 +116,31 @@ def test_a_tracked_box_stays_bounded_when_the_landmarks_go_wrong():
     assert ok and np.array_equal(kept, good)
 
 
+def test_many_faces_held_at_once_are_each_held_as_alone():
+    # The video tool hands a chunk's landmarks to its tracks in one call; each face must come out as it would
+    # alone, whatever its neighbours: within bounds, too large, too small, too far, and the same track twice.
+    from emonet.tracking import bound_box, set_landmarks
+
+    rng = np.random.default_rng(3)
+    tracker = Tracker()
+    tracks = tracker.update(np.array([[100.0, 100.0, 200.0, 220.0, 0.9], [400.0, 50.0, 520.0, 160.0, 0.9]]), frame=4)
+    base = rng.uniform(0, 1, (68, 2))
+    base[:2] = [[0, 0], [1, 1]]  # each face's box: x, y, x + w, y + h
+    faces = [(100, 100, 100, 120), (60, 60, 190, 220), (130, 140, 40, 40), (700, 50, 120, 110),
+             (105, 102, 100, 120), (410, 60, 120, 110)]
+    landmarks = np.stack([np.array([x, y]) + base * [w, h] for x, y, w, h in faces])
+    owners = [tracks[0], tracks[0], tracks[0], tracks[1], tracks[0], tracks[1]]
+    frames = [2, 5, 6, 6, None, 7]
+    boxes, ok = set_landmarks(owners, landmarks, frames)
+    alone = [bound_box(landmarks_box(points), t.det_box, 0 if f is None else f - t.det_frame)
+             for t, points, f in zip(owners, landmarks, frames)]
+    assert [bool(o) for o in ok] == [b for _, b in alone] == [True, False, False, False, True, True]
+    assert all(np.array_equal(box, a) for box, (a, _) in zip(boxes, alone))
+    # A track given twice keeps its last face's landmarks and box.
+    assert tracks[0].landmarks is not None and np.array_equal(tracks[0].landmarks, landmarks[4])
+    assert np.array_equal(tracks[0].crop_box, boxes[4]) and np.array_equal(tracks[1].crop_box, boxes[5])
+
+
 def test_a_redetection_resets_the_bounds_to_the_new_box():
     tracker = Tracker()
     (track,) = tracker.update(np.array([[100.0, 100.0, 200.0, 200.0, 0.9]]), frame=0)

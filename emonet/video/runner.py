@@ -28,7 +28,7 @@ from ..drawing.process import DrawnVideo
 from ..engine.graphs import synchronize
 from ..errors import InputError, OutputError
 from ..io.video import Frame
-from ..pipeline import PendingChunk, Pipeline, VideoPipeline
+from ..pipeline import PendingChunk, Pipeline, SettledChunk, VideoPipeline
 from ..results import FaceResult, FrameFaces
 from ..timing import LatencyTimer, StartupClock
 from .config import GPU_RUN_THREADS, STAGES, VideoConfig
@@ -235,24 +235,36 @@ class VideoRun:
         self.seconds["emonet"] += time.perf_counter() - t0
         return pending
 
-    def finish(self, pending: PendingChunk) -> list[FrameFaces]:
-        """Wait for a chunk's results and give them to every sink; the frames with their faces."""
+    def settle(self, pending: PendingChunk) -> SettledChunk:
+        """Wait for a chunk's outputs and update its tracks: what the next chunk's launch needs of it."""
         t0 = time.perf_counter()
-        per_frame = self.tracking.finish(pending)
+        settled = self.tracking.settle(pending)
+        self.seconds["emonet"] += time.perf_counter() - t0
+        return settled
+
+    def deliver(self, settled: SettledChunk) -> list[FrameFaces]:
+        """A settled chunk's results, given to every sink; the frames with their faces."""
+        t0 = time.perf_counter()
+        per_frame = self.tracking.results(settled)
         t1 = time.perf_counter()
         self.seconds["emonet"] += t1 - t0
+        frames = settled.chunk.frames
         for sink in self.sinks:
-            sink.add(pending.frames, per_frame)
+            sink.add(frames, per_frame)
         self.seconds["results"] += time.perf_counter() - t1
-        self.frames += len(pending.frames)
+        self.frames += len(frames)
         self.faces += sum(len(faces) for faces in per_frame)
         if not self._keep_pixels:
-            for frame in pending.frames:
+            for frame in frames:
                 frame.pixels = frame.ready = None  # done with: free the GPU copy now
         if self.bar is not None:
-            self.bar.update(len(pending.frames))
+            self.bar.update(len(frames))
             self.bar.set_postfix(faces=self.faces, refresh=False)
-        return [FrameFaces(f.index, f.timestamp, faces) for f, faces in zip(pending.frames, per_frame)]
+        return [FrameFaces(f.index, f.timestamp, faces) for f, faces in zip(frames, per_frame)]
+
+    def finish(self, pending: PendingChunk) -> list[FrameFaces]:
+        """Wait for a chunk's results and give them to every sink (:meth:`settle`, then :meth:`deliver`)."""
+        return self.deliver(self.settle(pending))
 
     def idle(self) -> None:
         """The next chunk is queued: the sinks' work that runs behind it."""
@@ -363,15 +375,21 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
             try:
                 for chunk in _chunks(source, config.batch_size):
                     flags, boxes = current.detect(chunk)
-                    if pending is not None:
-                        yield from current.finish(pending)
-                        if startup is not None:
-                            startup.mark("first frames")
-                            startup = None
-                    if stop.asked:  # the chunk only queued is dropped: it is in no output
+                    # The previous chunk settled (its tracks have their landmarks), this one queued behind it, and
+                    # only then the previous chunk's results made and handed out: that host work runs while the GPU
+                    # reads this chunk instead of before it is queued.
+                    settled = current.settle(pending) if pending is not None else None
+                    if stop.asked:  # the chunk only queued for detection is dropped: it is in no output
+                        if settled is not None:
+                            yield from current.deliver(settled)
                         pending = None
                         break
                     launched = current.launch(chunk, flags, boxes)
+                    if settled is not None:
+                        yield from current.deliver(settled)
+                        if startup is not None:
+                            startup.mark("first frames")
+                            startup = None
                     current.idle()  # behind the chunk just queued
                     if previous is not None:  # the last video's final chunk, read while this one's first runs
                         (done, last), previous = previous, None

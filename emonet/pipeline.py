@@ -26,7 +26,7 @@ from .engine import Engine
 from .engine.graphs import synchronize
 from .geometry import CROP_SIZE, box_to_matrix, crop_frames, crop_to_image, landmarks_box, landmarks_boxes, to_tensor
 from .results import FaceResult
-from .tracking import Tracker, longer_side, set_landmarks
+from .tracking import Tracker, longer_side, set_many_landmarks
 
 
 @dataclass(frozen=True)
@@ -253,7 +253,7 @@ class SettledChunk:
 
     chunk: PendingChunk
     outputs: Outputs
-    boxes: list                     # each face's box as reported
+    boxes: list[np.ndarray]         # each face's box as reported
 
 
 class VideoPipeline:
@@ -427,7 +427,7 @@ class VideoPipeline:
         :meth:`results`, which may come after that launch: the GPU then works meanwhile."""
         outputs = self.pipeline.read(chunk.pending)
         faces = chunk.pending.faces
-        held, ok = set_landmarks(chunk.tracks, outputs.landmarks, [f.frame for f in faces])
+        held, ok = set_many_landmarks(chunk.tracks, outputs.landmarks, [f.frame for f in faces])
         detected = np.array([f.detected for f in faces], bool)
         # The box reported: the detection's on a detected frame; else the landmarks' own, held to the bounds of
         # the track's last detection as it is cropped.
@@ -454,7 +454,8 @@ class VideoPipeline:
         return SettledChunk(chunk, outputs, boxes)
 
     def results(self, settled: SettledChunk) -> list[list[FaceResult]]:
-        """Per frame of a settled chunk, its faces' results (smoothed in frame order: chunk after chunk)."""
+        """Per frame of a settled chunk, its faces' results. Call it once per chunk, in the chunks' order: each
+        track's smoothing takes its faces in frame order."""
         chunk = settled.chunk
         smoothers = [t.smoother for t in chunk.tracks] if self.smooth else None
         results = self.pipeline.results(chunk.pending, settled.outputs, smoothers)

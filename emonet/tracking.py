@@ -31,7 +31,7 @@ def longer_side(box: np.ndarray) -> float:
 def bound_box(box: np.ndarray, reference: np.ndarray, frames: int) -> tuple[np.ndarray, bool]:
     """``box`` held to ``reference`` (the last detection, ``frames`` frames ago): its size within
     :data:`MAX_SCALE` either way and its centre within ``MAX_SPEED * frames`` face sizes; returns the box
-    and whether it was within those bounds already."""
+    and whether it was within those bounds already (float64 arithmetic)."""
     boxes, ok = bound_boxes(np.asarray(box)[None], np.asarray(reference)[None], np.array([frames]))
     return boxes[0], bool(ok[0])
 
@@ -112,14 +112,15 @@ class Track:
     def set_landmarks(self, landmarks: np.ndarray, frame: Optional[int] = None) -> bool:
         """EmoNet's landmarks of the face's frame ``frame``: the next crops come from their box, held to the
         latest detection (:func:`bound_box`). False when the box broke those bounds: look for the face again."""
-        return bool(set_landmarks([self], np.asarray(landmarks)[None], [frame])[1][0])
+        return bool(set_many_landmarks([self], np.asarray(landmarks)[None], [frame])[1][0])
 
 
-def set_landmarks(tracks: Sequence[Track], landmarks: np.ndarray,
-                  frames: Sequence[Optional[int]]) -> tuple[np.ndarray, np.ndarray]:
+def set_many_landmarks(tracks: Sequence[Track], landmarks: np.ndarray,
+                       frames: Sequence[Optional[int]]) -> tuple[np.ndarray, np.ndarray]:
     """:meth:`Track.set_landmarks` for many faces at once (``(n, 68, 2)`` landmarks; a track given more than once
     keeps its last): per face, its landmarks' box held to its bounds ``(n, 4)`` and whether it was within them
-    ``(n,)``."""
+    ``(n,)``. Each face is held to its track's last detection box as the call finds it (a track without one, to
+    its ``box`` then)."""
     references = np.array([t.det_box if t.det_box is not None else t.box for t in tracks], np.float64).reshape(-1, 4)
     since = np.array([0 if f is None else f - t.det_frame for t, f in zip(tracks, frames)], np.int64)
     boxes, ok = bound_boxes(landmarks_boxes(landmarks), references, since)

@@ -114,12 +114,16 @@ def test_a_tracked_box_stays_bounded_when_the_landmarks_go_wrong():
     good = landmarks_box(np.array([[310.0, 210.0], [620.0, 550.0]]))
     kept, ok = bound_box(good, det, 1)
     assert ok and np.array_equal(kept, good)
+    # The speed bound counts frames since the detection (at least one): 1.5 frames' worth of movement is too far
+    # one frame later (or on the detection's own frame), within bounds two frames later.
+    moved = det + [1.5 * MAX_SPEED * size, 0, 1.5 * MAX_SPEED * size, 0]
+    assert [bound_box(moved, det, k)[1] for k in (0, 1, 2)] == [False, False, True]
 
 
 def test_many_faces_held_at_once_are_each_held_as_alone():
     # The video tool hands a chunk's landmarks to its tracks in one call; each face must come out as it would
     # alone, whatever its neighbours: within bounds, too large, too small, too far, and the same track twice.
-    from emonet.tracking import bound_box, set_landmarks
+    from emonet.tracking import bound_box, set_many_landmarks
 
     rng = np.random.default_rng(3)
     tracker = Tracker()
@@ -131,7 +135,7 @@ def test_many_faces_held_at_once_are_each_held_as_alone():
     landmarks = np.stack([np.array([x, y]) + base * [w, h] for x, y, w, h in faces])
     owners = [tracks[0], tracks[0], tracks[0], tracks[1], tracks[0], tracks[1]]
     frames = [2, 5, 6, 6, None, 7]
-    boxes, ok = set_landmarks(owners, landmarks, frames)
+    boxes, ok = set_many_landmarks(owners, landmarks, frames)
     alone = [bound_box(landmarks_box(points), t.det_box, 0 if f is None else f - t.det_frame)
              for t, points, f in zip(owners, landmarks, frames)]
     assert [bool(o) for o in ok] == [b for _, b in alone] == [True, False, False, False, True, True]

@@ -379,17 +379,24 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
                     # only then the previous chunk's results made and handed out: that host work runs while the GPU
                     # reads this chunk instead of before it is queued.
                     settled = current.settle(pending) if pending is not None else None
+                    pending = None  # held by `settled` now: handed out once, whatever happens next
                     if stop.asked:  # the chunk only queued for detection is dropped: it is in no output
                         if settled is not None:
                             yield from current.deliver(settled)
-                        pending = None
                         break
-                    launched = current.launch(chunk, flags, boxes)
+                    try:
+                        launched = current.launch(chunk, flags, boxes)
+                    except BaseException:
+                        if settled is not None:  # finished before: kept, though this chunk is lost
+                            yield from current.deliver(settled)
+                        raise
                     if settled is not None:
                         yield from current.deliver(settled)
                         if startup is not None:
                             startup.mark("first frames")
                             startup = None
+                        if stop.asked:  # asked while it was handed out: the chunk just queued is dropped
+                            break
                     current.idle()  # behind the chunk just queued
                     if previous is not None:  # the last video's final chunk, read while this one's first runs
                         (done, last), previous = previous, None

@@ -146,22 +146,25 @@ class Pipeline:
         landmarks = crop_to_image([f.matrix for f in pending.faces], outputs[:, n + 2:].reshape(len(outputs), -1, 2))
         return Outputs(outputs[:, :n + 2], landmarks)
 
-    def results(self, pending: Pending, outputs: Outputs,
-                smoothers: Optional[Sequence[Optional[Smoother]]] = None) -> list[FaceResult]:
+    def results(self, pending: Pending, outputs: Outputs, smoothers: Optional[Sequence[Optional[Smoother]]] = None,
+                boxes: Optional[Sequence[np.ndarray]] = None) -> list[FaceResult]:
         """The planned faces' results from their outputs (see :meth:`collect`): the one place network outputs
-        become results."""
+        become results. ``boxes``: each face's box as reported (default: its planned box, else its landmarks')."""
         n = self.engine.n_expression
         results = []
         for k, face in enumerate(pending.faces):
+            landmarks = outputs.landmarks[k]
+            if boxes is not None:
+                box = boxes[k]
+            else:
+                box = face.box if face.box is not None else landmarks_box(landmarks)
             raw = outputs.values[k]
             smooth = smoothers[k] if smoothers is not None else None
             values = smooth(raw) if smooth is not None else raw
             probs = np.exp(values[:n] - values[:n].max())
             probs /= probs.sum()
-            landmarks = outputs.landmarks[k]
             results.append(FaceResult(
-                frame=face.frame, face_id=face.face_id,
-                box=face.box if face.box is not None else landmarks_box(landmarks),
+                frame=face.frame, face_id=face.face_id, box=box,
                 score=face.score, detected=face.detected, expression=int(probs.argmax()), probabilities=probs,
                 valence=float(np.clip(values[n], -1, 1)), arousal=float(np.clip(values[n + 1], -1, 1)),
                 landmarks=landmarks, matrix=face.matrix))
@@ -429,9 +432,7 @@ class VideoPipeline:
         faces = chunk.pending.faces
         held, ok = set_many_landmarks(chunk.tracks, outputs.landmarks, [f.frame for f in faces])
         detected = np.array([f.detected for f in faces], bool)
-        # The box reported: the detection's on a detected frame; else the landmarks' own, held to the bounds of
-        # the track's last detection as it is cropped.
-        own = landmarks_boxes(outputs.landmarks)
+        own = landmarks_boxes(outputs.landmarks)  # each face's own box: the detection's, else its landmarks'
         for k, face in enumerate(faces):
             if face.box is not None:
                 own[k] = face.box
@@ -441,6 +442,8 @@ class VideoPipeline:
         x1, y1, x2, y2 = own.T
         if ((x2 < 0) | (y2 < 0) | (x1 > shapes[:, 1]) | (y1 > shapes[:, 0]) | ((x2 - x1) < 8)).any():
             self.need_detection = True  # a face left the frame or collapsed: look again
+        # The box reported: the detection's on a detected frame; else the landmarks', held to the bounds of the
+        # track's last detection, as it is cropped.
         boxes = []
         for face, track, box in zip(faces, chunk.tracks, held):
             if face.detected:
@@ -458,10 +461,9 @@ class VideoPipeline:
         track's smoothing takes its faces in frame order."""
         chunk = settled.chunk
         smoothers = [t.smoother for t in chunk.tracks] if self.smooth else None
-        results = self.pipeline.results(chunk.pending, settled.outputs, smoothers)
+        results = self.pipeline.results(chunk.pending, settled.outputs, smoothers, settled.boxes)
         per_frame: list[list[FaceResult]] = [[] for _ in chunk.frames]
-        for face, result, box in zip(chunk.pending.faces, results, settled.boxes):
-            result.box = box
+        for face, result in zip(chunk.pending.faces, results):
             per_frame[face.image].append(result)
         return per_frame
 

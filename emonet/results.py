@@ -44,9 +44,9 @@ class FrameFaces:
 
 
 def face_record(face: FaceResult, class_names: Sequence[str]) -> dict:
-    """One face as JSON: index, box, score, expression, probabilities by class name, valence, arousal, landmarks."""
+    """One face as JSON: id, box, score, expression, probabilities by class name, valence, arousal, landmarks."""
     return {
-        "face_index": face.face_id,
+        "face_id": face.face_id,
         "box": [round(float(v), 2) for v in face.box],
         "score": round(face.score, 4),
         "expression": class_names[face.expression],
@@ -84,7 +84,7 @@ def frame_row(face: Optional[FaceResult], frame: int, timestamp: float, class_na
 
 def photo_fields(class_names: Sequence[str]) -> list[str]:
     """The columns of the photo tool's CSV: one row per face per image."""
-    return ["image", "face_index", "x1", "y1", "x2", "y2", "score", "expression", *[f"p_{c}" for c in class_names],
+    return ["image", "face_id", "x1", "y1", "x2", "y2", "score", "expression", *[f"p_{c}" for c in class_names],
             "valence", "arousal", "error"]
 
 

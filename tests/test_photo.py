@@ -37,7 +37,7 @@ def test_photo_to_json_and_annotated_image(tmp_path):
     (record,) = doc["images"]
     assert record["image"].endswith("astronaut.jpg") and record["width"] == 512 and record["error"] is None
     (face,) = record["faces"]
-    assert set(face) == {"face_index", "box", "score", "expression", "expression_index", "probabilities",
+    assert set(face) == {"face_id", "box", "score", "expression", "expression_index", "probabilities",
                          "valence", "arousal", "landmarks"}
     x1, y1, x2, y2 = face["box"]
     assert x1 < 200 and x2 > 250 and y1 < 110 and y2 > 160  # covers the face
@@ -71,11 +71,11 @@ def test_no_face_bad_image_and_json_file(tmp_path):
     with (tmp_path / "faces.csv").open(newline="") as fh:
         rows = {Path(r["image"]).name: r for r in csv.DictReader(fh)}
     assert set(rows) == {"wall.png", "broken.jpg", "face.jpg"}
-    assert rows["wall.png"]["face_index"] == "" and rows["wall.png"]["error"] == ""
+    assert rows["wall.png"]["face_id"] == "" and rows["wall.png"]["error"] == ""
     assert "decode" in rows["broken.jpg"]["error"]
     (face,) = by_name["face.jpg"]["faces"]
     row = rows["face.jpg"]
-    assert row["face_index"] == "0" and row["expression"] == face["expression"] and row["untrained"] == "1"
+    assert row["face_id"] == "0" and row["expression"] == face["expression"] and row["untrained"] == "1"
     assert float(row["valence"]) == face["valence"] and [float(row[k]) for k in ("x1", "y1", "x2", "y2")] == face["box"]
     assert float(row["p_Happy"]) == face["probabilities"]["Happy"]
 

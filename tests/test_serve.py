@@ -3,6 +3,7 @@ limits, disconnects, concurrent streams and shutdown."""
 import contextlib
 import io
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -93,7 +94,7 @@ def test_analyze_answers_each_face_as_the_photo_tool_does(server, tmp_path):
     ({"image": ("notes.txt", b"hello", "text/plain")}, 400, "notes.txt: not a JPEG or PNG image"),
     ({"image": ("cut.jpg", PHOTO.read_bytes()[:2000], "image/jpeg")}, 400, "could not be decoded"),
     ({"image": ("big.png", b"\x89PNG\r\n\x1a\n" + bytes(600_000), "image/png")}, 413, "at most 524288"),
-    ({"photo": ("a.jpg", b"x", "image/jpeg")}, 422, "image"),
+    ({"photo": ("a.jpg", b"x", "image/jpeg")}, 422, "the multipart form field 'image'"),
     ({"image": ("huge.png", b"", "image/png")}, 413, "8000x6000; at most 40000000 pixels"),  # a few KB
 ])
 def test_bad_images_are_a_4xx_with_a_message_and_the_server_goes_on(server, files, status, message):
@@ -106,6 +107,12 @@ def test_bad_images_are_a_4xx_with_a_message_and_the_server_goes_on(server, file
     assert httpx.get(f"{server}/health").status_code == 200
 
 
+def test_a_get_of_analyze_is_405_and_refusals_are_counted(server):
+    assert httpx.get(f"{server}/v1/analyze").status_code == 405
+    httpx.post(f"{server}/v1/analyze", files={"photo": ("a.jpg", b"x", "image/jpeg")})
+    assert 'emonet_requests_total{status="422"}' in httpx.get(f"{server}/metrics").text
+
+
 def test_a_stream_answers_every_frame_in_order_with_stable_ids_and_its_latencies(server, clip_frames):
     with connect(ws_url(server), max_size=None) as ws:
         replies = []
@@ -115,12 +122,66 @@ def test_a_stream_answers_every_frame_in_order_with_stable_ids_and_its_latencies
         ws.send(b"not an image")  # a bad frame is answered, not fatal
         bad = json.loads(ws.recv(timeout=60))
     assert [r["frame"] for r in replies] == list(range(len(clip_frames)))
-    assert all(len(r["faces"]) == 1 and r["faces"][0]["face_index"] == 0 for r in replies)  # one face, one id
+    assert all(len(r["faces"]) == 1 and r["faces"][0]["face_id"] == 0 for r in replies)  # one face, one id
     times = [r["timestamp"] for r in replies]
     assert times == sorted(times) and all(r["latency_ms"] > 0 for r in replies)
     assert replies[0]["first_latency_ms"] == replies[0]["latency_ms"] and replies[0]["steady_latency_ms"] is None
     assert replies[-1]["first_latency_ms"] == replies[0]["latency_ms"] and replies[-1]["steady_latency_ms"] > 0
     assert bad["frame"] == len(clip_frames) and bad["error"] == "not a JPEG or PNG image"
+
+
+@pytest.fixture(scope="module")
+def png_clip(tmp_path_factory) -> tuple[Path, list[bytes]]:
+    """A real face clip, and its frames as the video tool reads them, as lossless PNG."""
+    from emonet.bench.run import make_clip
+    from emonet.io.video import VideoReader
+    path = make_clip(tmp_path_factory.mktemp("png") / "clip.mp4", width=320, height=240, frames=16)
+    reader = VideoReader(str(path))
+    try:
+        frames = [cv2.imencode(".png", cv2.cvtColor(f.image, cv2.COLOR_RGB2BGR))[1].tobytes() for f in reader]
+    finally:
+        reader.close()
+    return path, frames
+
+
+def test_a_clip_sent_as_png_frames_gives_the_video_tools_rows(server, png_clip, tmp_path):
+    # A stream is a session of the video runtime: frames sent one at a time (each once the last is answered, as a
+    # paced camera's are) give the rows emonet-video gives for the clip in chunks of one frame.
+    path, frames = png_clip
+    with connect(ws_url(server), max_size=None) as ws:
+        replies = []
+        for frame in frames:
+            ws.send(frame)
+            replies.append(json.loads(ws.recv(timeout=120)))
+    out = tmp_path / "rows.csv"
+    subprocess.run([sys.executable, "-m", "emonet.apps.video", "--video", str(path), "--weights", "random",
+                    "--device", "cpu", "--batch-size", "1", "--csv", str(out), "--no-video"], cwd=ROOT, check=True,
+                   capture_output=True, timeout=600)
+    import csv
+    rows = [r for r in csv.DictReader(out.open()) if r["face_id"] != ""]
+    faces = [(r["frame"], face) for r in replies for face in r["faces"]]
+    assert len(faces) == len(rows) >= len(frames) - 2
+    assert any(r["detected"] == "0" for r in rows) and any(r["detected"] == "1" for r in rows)
+    for (frame, face), row in zip(faces, rows):
+        assert (frame, face["face_id"]) == (int(row["frame"]), int(row["face_id"]))
+        np.testing.assert_allclose(face["box"], [float(row[k]) for k in ("x1", "y1", "x2", "y2")], atol=0.5)
+        got = [face["valence"], face["arousal"], *face["probabilities"].values()]
+        want = [float(row["valence"]), float(row["arousal"]), *(float(row[f"p_{c}"]) for c in face["probabilities"])]
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_an_overloaded_stream_answers_every_frame_in_order_saying_which_were_dropped(server, png_clip):
+    _, frames = png_clip
+    with connect(ws_url(server), max_size=None) as ws:
+        for k in range(30):  # far faster than a CPU reads them, no answer read meanwhile
+            ws.send(frames[k % len(frames)])
+        replies = [json.loads(ws.recv(timeout=300)) for _ in range(30)]
+    assert [r["frame"] for r in replies] == list(range(30))
+    dropped = [r.get("dropped", False) for r in replies]
+    assert any(dropped) and not dropped[-1]
+    assert all(("faces" in r) != r.get("dropped", False) for r in replies)
+    metrics = httpx.get(f"{server}/metrics").text
+    assert float(re.search(r'emonet_stream_frames_total\{status="dropped"\} (\S+)', metrics).group(1)) >= sum(dropped)
 
 
 def test_concurrent_streams_lose_and_reorder_nothing_and_share_batches(server, clip_frames):

@@ -23,7 +23,8 @@ endpoints:
   GET  /             the browser page: webcam -> /v1/stream -> boxes, labels, circumplex, latency; CSV
   GET  /health       200 with what it runs, once the model is loaded
   POST /v1/analyze   multipart field "image" (JPEG or PNG) -> {"faces": [...]} as emonet-photo's JSON
-  WS   /v1/stream    binary JPEG frames in; per frame {"frame", "timestamp", "faces", "latency_ms", ...} out
+  WS   /v1/stream    binary JPEG/PNG frames in; per frame {"frame", "timestamp", "faces", "latency_ms", ...}
+                     out, in order; {"frame", "dropped": true} for a frame newer ones pushed out
   GET  /metrics      Prometheus text: requests, streams, batch sizes, latencies
 """
 
@@ -33,7 +34,7 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     parser = ToolParser(
         prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Serve EmoNet over HTTP and WebSocket: the model loads once and stays warm; every request "
-                    "and stream goes through one dynamic batcher on the GPU. Needs pip install \"emonet[serve]\".")
+                    "and stream is a session of the video runtime's scheduler, all stepped together on the GPU. Needs pip install \"emonet[serve]\".")
     net = parser.add_argument_group("network")
     net.add_argument("--host", default="127.0.0.1",
                      help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for every one)")
@@ -43,21 +44,22 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                         help="WebSocket streams open at once; the next is refused with a message (default: 64)")
     limits.add_argument("--max-image-mb", type=float, default=20.0, metavar="MB",
                         help="largest encoded image or frame taken (default: 20)")
-    limits.add_argument("--max-batch", type=int, default=32, metavar="N", help="images per GPU batch (default: 32)")
-    limits.add_argument("--max-delay-ms", type=float, default=0.0, metavar="MS",
-                        help="how long a batch waits for more images after its first (default: 0: no wait; the "
-                             "images that arrive while a batch runs go together in the next)")
+    limits.add_argument("--max-batch", type=int, default=64, metavar="N",
+                        help="frames per GPU step, every stream's together (default: 64)")
+    limits.add_argument("--detect-every", type=int, default=5, metavar="N",
+                        help="streams: run the detector every N frames and follow faces between, as emonet-video "
+                             "(default: 5)")
     limits.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=True,
                         help="temporal smoothing per face in streams (default: on)")
     add_model_arguments(parser)
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be between 0 and 65535, not {args.port}")
-    for name in ("max_streams", "max_batch"):
+    for name in ("max_streams", "max_batch", "detect_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
-    if args.max_image_mb <= 0 or args.max_delay_ms < 0:
-        parser.error("--max-image-mb must be positive and --max-delay-ms 0 or more")
+    if args.max_image_mb <= 0:
+        parser.error("--max-image-mb must be positive")
     return args
 
 
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     pipeline = build_pipeline(options)
     pipeline.warmup()
     config = ServeConfig(max_streams=args.max_streams, max_image_bytes=int(args.max_image_mb * (1 << 20)),
-                         max_batch=args.max_batch, max_delay_ms=args.max_delay_ms, smooth=args.smooth)
+                         max_batch=args.max_batch, detect_every=args.detect_every, smooth=args.smooth)
     app = create_app(pipeline, config)
     print(f"emonet-serve: http://{args.host}:{args.port}/ (the page), /v1/analyze, /v1/stream, /health, /metrics; "
           f"Ctrl-C stops it", file=sys.stderr, flush=True)

@@ -3,13 +3,15 @@
 - ``GET /health``: 200 and what it runs (it answers once the model is loaded: the app is made after);
 - ``POST /v1/analyze``: a multipart field ``image`` (JPEG or PNG) -> ``{"faces": [...]}``, each face as the
   photo tool's JSON has it;
-- ``WS /v1/stream``: encoded frames in (one binary message each), one JSON message out per frame, in order,
-  with tracking and smoothing per connection and the first frame's latency against the steady state;
-- ``GET /metrics``: Prometheus text (requests, streams, batch sizes, latencies);
+- ``WS /v1/stream``: encoded frames in (one binary message each), one JSON message out per frame, in order:
+  its faces, tracked and smoothed as ``emonet-video`` does, or ``"dropped": true`` when newer frames of the
+  stream pushed it out before its turn; with the first frame's latency against the steady state;
+- ``GET /metrics``: Prometheus text (requests, streams, frames by outcome, step sizes, latencies);
 - ``GET /``: the browser page (webcam -> stream -> drawn results).
 
-Every image goes through one :class:`~emonet.serve.batcher.Batcher`. Nothing is kept between requests, and a
-stream's state lives on its connection, so replicas scale behind any load balancer.
+Every stream, and every analyze request, is a session of one :class:`~emonet.video.live.LiveLoop`: the video
+runtime's scheduler, stepping every session that has frames on one GPU loop. Nothing is kept between
+requests, and a stream's state lives with its connection, so replicas scale behind any load balancer.
 """
 from __future__ import annotations
 
@@ -27,14 +29,20 @@ from typing import Optional
 import cv2
 import numpy as np
 from fastapi import FastAPI, File, HTTPException, Request, UploadFile, WebSocket, WebSocketDisconnect
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from PIL import Image
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ..io.jpeg import gpu_decoder
 from ..pipeline import Pipeline
 from ..provenance import provenance
 from ..results import face_record
-from .batcher import Batcher, StreamState
+from ..video.live import DROPPED, FrameError, LiveConfig, LiveLoop, LiveResult
+
+# Frames of one stream read but not yet answered, at most: past them its socket is not read (the client's
+# sends then wait), so a client that never reads its answers cannot make the server hold more.
+ANSWERS_HELD = 64
 
 
 @dataclass(frozen=True)
@@ -44,9 +52,10 @@ class ServeConfig:
     max_streams: int = 64                 # streams open at once; the next is refused with a message
     max_image_bytes: int = 20 << 20       # an encoded image or frame, at most
     max_pixels: int = 40_000_000          # a decoded image, at most (a 40-megapixel photo)
-    max_batch: int = 32                   # images per GPU batch
-    max_delay_ms: float = 0.0             # how long the batcher waits for more images after the first
+    max_batch: int = 64                   # frames per GPU step (every stream's together)
+    detect_every: int = 5                 # streams: the detector's period, in frames (as emonet-video's)
     smooth: bool = True                   # streams: temporal smoothing per face (spec §6)
+    gpu_decode: bool = True               # JPEG frames decoded on the GPU where it can (nvJPEG)
     max_pending: int = 128                # analyze requests in flight at once; beyond, 503 "busy"
     idle_seconds: float = 60.0            # a stream that sends nothing this long is closed
 
@@ -59,9 +68,9 @@ class BadImage(ValueError):
         self.status = status
 
 
-def decode_image(data: bytes, config: ServeConfig) -> np.ndarray:
-    """RGB ``(H, W, 3)`` uint8 of JPEG or PNG bytes; :class:`BadImage` saying what is wrong. The size is read
-    from the header first: a small file of huge dimensions is refused before anything is decoded."""
+def check_image(data: bytes, config: ServeConfig) -> bool:
+    """Whether JPEG or PNG bytes can be taken, from their header alone (nothing is decoded): True for a JPEG;
+    :class:`BadImage` saying what is wrong (a small file of huge dimensions is refused here)."""
     if len(data) > config.max_image_bytes:
         raise BadImage(f"the image is {len(data)} bytes; at most {config.max_image_bytes} are taken", 413)
     if not (data.startswith(b"\xff\xd8\xff") or data.startswith(b"\x89PNG\r\n\x1a\n")):
@@ -73,6 +82,13 @@ def decode_image(data: bytes, config: ServeConfig) -> np.ndarray:
         raise BadImage("the image could not be decoded (truncated or corrupt)") from None
     if width * height > config.max_pixels:
         raise BadImage(f"the image is {width}x{height}; at most {config.max_pixels} pixels are taken", 413)
+    return data.startswith(b"\xff\xd8\xff")
+
+
+def decode_image(data: bytes, config: ServeConfig) -> np.ndarray:
+    """RGB ``(H, W, 3)`` uint8 of JPEG or PNG bytes, decoded on the CPU; :class:`BadImage` saying what is wrong
+    (:func:`check_image` first)."""
+    check_image(data, config)
     bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     if bgr is None:
         raise BadImage("the image could not be decoded (truncated or corrupt)")
@@ -88,18 +104,20 @@ class Metrics:
         self.requests = Counter("emonet_requests", "HTTP analyze requests by outcome", ["status"], registry=r)
         self.streams = Gauge("emonet_streams_open", "WebSocket streams open now", registry=r)
         self.streams_refused = Counter("emonet_streams_refused", "streams refused: at the limit", registry=r)
-        self.frames = Counter("emonet_stream_frames", "stream frames answered by outcome", ["status"], registry=r)
-        self.batch_images = Histogram("emonet_batch_images", "images per GPU batch", registry=r,
+        self.frames = Counter("emonet_stream_frames", "stream frames answered by outcome (ok, dropped: pushed out "
+                              "by newer frames before their turn, bad, failed)", ["status"], registry=r)
+        self.batch_images = Histogram("emonet_batch_images", "frames and images per GPU step", registry=r,
                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128))
-        self.batch_faces = Histogram("emonet_batch_faces", "faces (crops) per GPU batch", registry=r,
+        self.batch_faces = Histogram("emonet_batch_faces", "faces (crops) per GPU step", registry=r,
                                      buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128))
-        self.batch_seconds = Histogram("emonet_batch_seconds", "seconds per GPU batch", registry=r,
-                                       buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
-        self.latency = Histogram("emonet_latency_seconds", "receive-to-send seconds", ["endpoint"], registry=r,
+        self.batch_seconds = Histogram("emonet_batch_seconds", "seconds per GPU step, from its start to its answers",
+                                       registry=r, buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+        self.latency = Histogram("emonet_latency_seconds", "seconds from reading a request or frame to sending its "
+                                 "answer", ["endpoint"], registry=r,
                                  buckets=(.0025, .005, .01, .02, .03, .05, .1, .25, .5, 1, 2.5, 5))
 
-    def batch(self, images: int, faces: int, seconds: float) -> None:
-        """Record one batch (called by the batcher's thread)."""
+    def step(self, images: int, faces: int, seconds: float) -> None:
+        """Record one GPU step (called by the live loop's thread)."""
         self.batch_images.observe(images)
         self.batch_faces.observe(faces)
         self.batch_seconds.observe(seconds)
@@ -110,22 +128,30 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
     engine = pipeline.engine
     names = engine.class_names
     metrics = Metrics()
-    about = {**provenance(engine), "untrained": engine.untrained, "detector": pipeline.detector.name}
-    state = {"batcher": None, "streams": 0, "pending": 0}
-    # Decoding takes memory (up to max_pixels x 3 bytes an image): a few at a time, whoever sends them.
+    jpeg = gpu_decoder(engine.device) if config.gpu_decode else None
+    about = {**provenance(engine), "untrained": engine.untrained, "detector": pipeline.detector.name,
+             "jpeg_decoder": "nvjpeg" if jpeg is not None else "cpu"}
+    state = {"loop": None, "streams": 0, "pending": 0}
+    # Decoding on the CPU takes memory (up to max_pixels x 3 bytes an image): a few at a time, whoever sends them.
     decoding = asyncio.Semaphore(4)
 
-    async def decode(data: bytes) -> np.ndarray:
+    async def prepare(data: bytes):
+        """What the loop takes of an upload: JPEG bytes as they are where the GPU decodes them (their header
+        checked), else the RGB pixels decoded here."""
+        if jpeg is not None and check_image(data, config):
+            return data
         async with decoding:
             return await asyncio.to_thread(decode_image, data, config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        state["batcher"] = Batcher(pipeline, config.max_batch, config.max_delay_ms / 1e3, on_batch=metrics.batch)
+        live = LiveConfig(detect_every=config.detect_every, smooth=config.smooth, max_frames=config.max_batch)
+        state["loop"] = LiveLoop(pipeline, live, decode_jpeg=jpeg, on_step=metrics.step,
+                                 on_drop=metrics.frames.labels("dropped").inc)
         try:
             yield
         finally:
-            await asyncio.to_thread(state["batcher"].close)
+            await asyncio.to_thread(state["loop"].close)
 
     app = FastAPI(title="emonet", summary="EmoNet: expression, valence, arousal and landmarks of faces",
                   lifespan=lifespan)
@@ -134,17 +160,21 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
     async def bounded(request: Request, call_next):
         # The upload is refused by its declared length before it is read (multipart parsing would spool it).
         length = request.headers.get("content-length")
+        analyze = request.url.path == "/v1/analyze" and request.method == "POST"
         if length is not None and length.isdigit() and int(length) > config.max_image_bytes + (64 << 10):
             metrics.requests.labels("413").inc()
             return JSONResponse({"detail": f"the request is {length} bytes; at most {config.max_image_bytes} "
                                            f"are taken for an image"}, status_code=413)
-        if request.url.path == "/v1/analyze" and length is None:
+        if analyze and length is None:
+            metrics.requests.labels("411").inc()
             return JSONResponse({"detail": "send the image with its Content-Length"}, status_code=411)
         return await call_next(request)
 
-    async def analyse(image: np.ndarray, stream: Optional[StreamState] = None) -> list[dict]:
-        faces = await asyncio.wrap_future(state["batcher"].submit(image, stream))
-        return [face_record(face, names) for face in faces]
+    @app.exception_handler(RequestValidationError)
+    async def wrong_form(request: Request, exc: RequestValidationError) -> JSONResponse:
+        metrics.requests.labels("422").inc()
+        return JSONResponse({"detail": "send the image as the multipart form field 'image' (JPEG or PNG), as "
+                                       "curl -F image=@photo.jpg does"}, status_code=422)
 
     @app.get("/health")
     async def health() -> dict:
@@ -157,20 +187,27 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
             metrics.requests.labels("503").inc()
             raise HTTPException(503, f"the server is busy ({config.max_pending} requests in hand); try again shortly")
         state["pending"] += 1
+        loop: LiveLoop = state["loop"]
+        session = loop.open(one_shot=True)
         try:
             data = await image.read(config.max_image_bytes + 1)
             try:
-                rgb = await decode(data)
+                payload = await prepare(data)
+                result: LiveResult = await asyncio.wrap_future(loop.submit(session, payload))
             except BadImage as exc:
                 metrics.requests.labels(str(exc.status)).inc()
                 raise HTTPException(exc.status, f"{image.filename or 'image'}: {exc}") from None
-            faces = await analyse(rgb)
+            except FrameError as exc:  # a JPEG whose header passed and whose data did not
+                metrics.requests.labels("400").inc()
+                raise HTTPException(400, f"{image.filename or 'image'}: {exc}") from None
         finally:
+            loop.close_session(session)
             state["pending"] -= 1
         metrics.requests.labels("200").inc()
         metrics.latency.labels("analyze").observe(time.perf_counter() - t0)
-        return JSONResponse({"faces": faces, "width": rgb.shape[1], "height": rgb.shape[0],
-                             "untrained": engine.untrained})
+        height, width = result.shape[:2]
+        return JSONResponse({"faces": [face_record(face, names) for face in result.faces], "width": width,
+                             "height": height, "untrained": engine.untrained})
 
     @app.websocket("/v1/stream")
     async def stream(socket: WebSocket) -> None:
@@ -188,47 +225,40 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
             return
         state["streams"] += 1
         metrics.streams.inc()
-        track = StreamState(smooth=config.smooth)
-        start, index, first = time.perf_counter(), 0, None
-        steady: deque = deque(maxlen=300)  # the steady state: the median of the last 300 frames
+        loop: LiveLoop = state["loop"]
+        session = loop.open()
+        answers: asyncio.Queue = asyncio.Queue(ANSWERS_HELD)
+        start = time.perf_counter()
+        sender = asyncio.create_task(_send_answers(socket, answers, start, names, metrics))
+        index = 0
         try:
-            while True:
+            while not sender.done():
                 try:
                     message = await asyncio.wait_for(socket.receive(), config.idle_seconds)
                 except asyncio.TimeoutError:
+                    await answers.put(None)
+                    await sender
                     await socket.close(code=1001, reason=f"nothing sent for {config.idle_seconds:g} s")
                     break
                 if message["type"] == "websocket.disconnect":
                     break
                 received = time.perf_counter()
                 data = message.get("bytes")
-                reply: dict = {"frame": index, "timestamp": round(received - start, 6)}
                 try:
                     if data is None:
                         raise BadImage("send each frame as one binary message (JPEG or PNG bytes)")
-                    rgb = await decode(data)
-                    reply["faces"] = await analyse(rgb, track)
-                    reply.update(width=rgb.shape[1], height=rgb.shape[0])
-                    metrics.frames.labels("ok").inc()
+                    outcome = loop.submit(session, await prepare(data), index, received)
                 except BadImage as exc:
-                    reply["error"] = str(exc)
-                    metrics.frames.labels("bad").inc()
-                except Exception as exc:  # noqa: BLE001 - the analysis failed for this frame: said, and on
-                    reply["error"] = f"the analysis failed: {type(exc).__name__}: {exc}"
-                    metrics.frames.labels("failed").inc()
-                latency = (time.perf_counter() - received) * 1e3
-                if first is None:
-                    first = latency
-                else:
-                    steady.append(latency)
-                reply.update(latency_ms=round(latency, 3), first_latency_ms=round(first, 3),
-                             steady_latency_ms=round(statistics.median(steady), 3) if steady else None)
-                metrics.latency.labels("stream").observe(latency / 1e3)
-                await socket.send_json(reply)
+                    outcome = exc
+                await answers.put((index, received, outcome))
                 index += 1
         except WebSocketDisconnect:  # the client left mid-stream: its state goes with this call
             pass
         finally:
+            loop.close_session(session)
+            sender.cancel()
+            if sender.done() and not sender.cancelled():
+                sender.exception()  # a send to a client that has gone: nothing more to say
             state["streams"] -= 1
             metrics.streams.dec()
 
@@ -243,3 +273,41 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
         return page
 
     return app
+
+
+async def _send_answers(socket: WebSocket, answers: asyncio.Queue, start: float, names: list, metrics: Metrics) -> None:
+    """A stream's answers, in its frames' order, each once its frame is read (or dropped, or refused); the
+    latencies from reading a frame to sending its answer, the first against the steady state."""
+    first, steady = None, deque(maxlen=300)  # the steady state: the median of the last 300 frames answered
+    while (item := await answers.get()) is not None:
+        index, received, outcome = item
+        reply: dict = {"frame": index, "timestamp": round(received - start, 6)}
+        if isinstance(outcome, BadImage):
+            reply["error"] = str(outcome)
+            metrics.frames.labels("bad").inc()
+        else:
+            try:
+                result: LiveResult = await asyncio.wrap_future(outcome)
+            except FrameError as exc:
+                reply["error"] = str(exc)
+                metrics.frames.labels("bad").inc()
+            except Exception as exc:  # noqa: BLE001 - the analysis failed for this frame: said, and on
+                reply["error"] = f"the analysis failed: {type(exc).__name__}: {exc}"
+                metrics.frames.labels("failed").inc()
+            else:
+                if isinstance(result.faces, str) and result.faces == DROPPED:
+                    reply["dropped"] = True  # counted by the loop as it drops it
+                else:
+                    reply["faces"] = [face_record(face, names) for face in result.faces]
+                    reply.update(width=result.shape[1], height=result.shape[0])
+                    metrics.frames.labels("ok").inc()
+        if "dropped" not in reply:
+            latency = (time.perf_counter() - received) * 1e3
+            if first is None:
+                first = latency
+            else:
+                steady.append(latency)
+            reply.update(latency_ms=round(latency, 3), first_latency_ms=round(first, 3),
+                         steady_latency_ms=round(statistics.median(steady), 3) if steady else None)
+            metrics.latency.labels("stream").observe(latency / 1e3)
+        await socket.send_json(reply)

@@ -28,7 +28,8 @@ from ..drawing.process import DrawnVideo
 from ..engine.graphs import synchronize
 from ..errors import InputError, OutputError
 from ..io.video import Frame
-from ..pipeline import PendingChunk, Pipeline, SettledChunk, VideoPipeline
+from ..pipeline import Pipeline
+from ..scheduler import PendingStep, SettledChunk, VideoPipeline
 from ..results import FaceResult, FrameFaces
 from ..timing import LatencyTimer, StartupClock
 from .config import GPU_RUN_THREADS, STAGES, VideoConfig
@@ -189,7 +190,7 @@ def _cpu_seconds() -> tuple[float, float]:
 
 
 class VideoRun:
-    """One video's processing: its tracking (:class:`~emonet.pipeline.VideoPipeline`), sinks, progress bar and
+    """One video's processing: its tracking (:class:`~emonet.scheduler.VideoPipeline`), sinks, progress bar and
     clocks while its chunks flow; once :meth:`close`\\ d, how it went."""
 
     def __init__(self, video: VideoInput, source: Source, pipeline: Pipeline, config: VideoConfig) -> None:
@@ -227,7 +228,7 @@ class VideoRun:
         self.seconds["detect"] += time.perf_counter() - t0
         return planned
 
-    def launch(self, chunk: list[Frame], flags: list[bool], handle) -> PendingChunk:
+    def launch(self, chunk: list[Frame], flags: list[bool], handle) -> PendingStep:
         """Track, crop and queue EmoNet for one chunk; the results come back without waiting for them."""
         t0 = time.perf_counter()
         with self.timer.measure(len(chunk)):
@@ -235,7 +236,7 @@ class VideoRun:
         self.seconds["emonet"] += time.perf_counter() - t0
         return pending
 
-    def settle(self, pending: PendingChunk) -> SettledChunk:
+    def settle(self, pending: PendingStep) -> SettledChunk:
         """Wait for a chunk's outputs and update its tracks: what the next chunk's launch needs of it."""
         t0 = time.perf_counter()
         settled = self.tracking.settle(pending)
@@ -262,7 +263,7 @@ class VideoRun:
             self.bar.set_postfix(faces=self.faces, refresh=False)
         return [FrameFaces(f.index, f.timestamp, faces) for f, faces in zip(frames, per_frame)]
 
-    def finish(self, pending: PendingChunk) -> list[FrameFaces]:
+    def finish(self, pending: PendingStep) -> list[FrameFaces]:
         """Wait for a chunk's results and give them to every sink (:meth:`settle`, then :meth:`deliver`)."""
         return self.deliver(self.settle(pending))
 
@@ -323,7 +324,7 @@ def _chunks(frames: Source, size: int) -> Iterator[list[Frame]]:
         yield chunk
 
 
-def _last_chunk(run: VideoRun, last: PendingChunk) -> Iterator[Union[FrameFaces, VideoRun]]:
+def _last_chunk(run: VideoRun, last: PendingStep) -> Iterator[Union[FrameFaces, VideoRun]]:
     """A video's final chunk read, then the video closed."""
     yield from run.finish(last)
     yield run.close()
@@ -349,7 +350,7 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
     stop = stop or StopToken()
     threads = torch.get_num_threads()
     current: Optional[VideoRun] = None
-    previous: Optional[tuple[VideoRun, PendingChunk]] = None  # the last video's final chunk, not yet read
+    previous: Optional[tuple[VideoRun, PendingStep]] = None  # the last video's final chunk, not yet read
     try:
         for item in videos:
             if isinstance(loader, PipelineLoader):
@@ -370,7 +371,7 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
             except BaseException:
                 source.close()
                 raise
-            pending: Optional[PendingChunk] = None
+            pending: Optional[PendingStep] = None
             stop.flowing = True
             try:
                 for chunk in _chunks(source, config.batch_size):

@@ -1,0 +1,289 @@
+"""Live sessions on one GPU loop: every camera stream (and every one-off image) is a session of the scheduler.
+
+A :class:`LiveLoop` owns the pipeline. Clients open a :class:`LiveSession` each and :meth:`LiveLoop.submit`
+frames to it from any thread; each frame's answer comes back on its own future, in the session's order. One
+thread steps the sessions, as :func:`~emonet.video.runner.run_videos` steps a video: each step takes the frames
+waiting in every session (a chunk each), queues one detector call on those due for detection, settles the
+step before (its results are made after this step is launched, while the GPU runs it), and queues every face
+of every session through the engine in one batch. When no frame waits, the step in flight is settled and
+answered at once. A stream thus gets the same detection cadence, landmark crops, holds and smoothing as a video.
+
+Bounded whatever the clients send: a session holds at most ``max_waiting`` frames not yet stepped; a newer
+frame pushes the oldest out, and that one is answered as dropped (:data:`DROPPED`), in order with the others.
+JPEG frames can be handed in still encoded, to be decoded on the GPU a step at a time (:mod:`emonet.io.jpeg`).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Union
+
+import numpy as np
+import torch
+
+from ..io.video import Frame
+from ..pipeline import Pipeline
+from ..results import FaceResult
+from ..scheduler import PendingStep, Scheduler, VideoPipeline
+
+class FrameError(ValueError):
+    """A frame handed in encoded that could not be decoded (truncated or corrupt): its client is told."""
+
+
+DROPPED = "dropped"  # a frame's answer when newer frames of its session pushed it out before its turn
+
+StepHook = Callable[[int, int, float], None]  # (frames, faces, seconds) of each step
+DropHook = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    """How live sessions are tracked and stepped."""
+
+    detect_every: int = 5           # the detector's period in each stream, in frames (as emonet-video's)
+    smooth: bool = True             # spec §6 smoothing per face
+    max_waiting: int = 2            # frames a stream holds before its turn; a newer one drops the oldest
+    chunk: int = 2                  # frames of one stream in one step, at most
+    max_frames: int = 64            # frames in one step, at most (every stream's together)
+
+
+@dataclass
+class LiveResult:
+    """A frame's answer: its faces, and its shape (``faces`` is :data:`DROPPED` for a dropped frame)."""
+
+    faces: Union[list[FaceResult], str]
+    shape: tuple = (0, 0, 3)
+
+
+@dataclass
+class _Waiting:
+    index: int
+    timestamp: float
+    payload: Union[np.ndarray, bytes]
+    future: Future
+
+
+@dataclass
+class LiveSession:
+    """One stream (or, ``one_shot``, one image): its tracking and its frames waiting for their turn."""
+
+    tracking: VideoPipeline
+    one_shot: bool = False
+    waiting: deque = field(default_factory=deque)
+    closed: bool = False
+    frames: int = 0  # submitted so far: the next frame's index
+
+
+class LiveLoop:
+    """The GPU loop of every live session (see the module)."""
+
+    def __init__(self, pipeline: Pipeline, config: LiveConfig = LiveConfig(),
+                 decode_jpeg: Optional[Callable[[list[bytes]], list[torch.Tensor]]] = None,
+                 on_step: Optional[StepHook] = None, on_drop: Optional[DropHook] = None) -> None:
+        """``decode_jpeg``: decodes a list of JPEG bytes to ``(H, W, 3)`` uint8 RGB tensors on the engine's
+        device, for frames handed in encoded (see :func:`emonet.io.jpeg.gpu_decoder`)."""
+        self.pipeline, self.config = pipeline, config
+        self.scheduler = Scheduler(pipeline)
+        self.decode_jpeg = decode_jpeg
+        self._on_step, self._on_drop = on_step, on_drop
+        self._sessions: list[LiveSession] = []
+        self._turn = 0  # where the next step starts taking frames: every stream gets its turn
+        self._lock = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="emonet-live", daemon=True)
+        self._thread.start()
+
+    # -- clients (any thread) ----------------------------------------------------------------------------
+    def open(self, one_shot: bool = False) -> LiveSession:
+        """A new session: a stream, or (``one_shot``) one image read as a photo is (no smoothing, no drops)."""
+        tracking = VideoPipeline(self.pipeline, detect_every=self.config.detect_every,
+                                 smooth=self.config.smooth and not one_shot, scheduler=self.scheduler)
+        session = LiveSession(tracking, one_shot)
+        with self._lock:
+            self._sessions.append(session)
+        return session
+
+    def submit(self, session: LiveSession, payload: Union[np.ndarray, bytes], index: Optional[int] = None,
+               timestamp: Optional[float] = None) -> Future:
+        """Queue the session's next frame: an RGB ``(H, W, 3)`` uint8 array, or JPEG bytes where the loop decodes
+        them (:attr:`decode_jpeg`); ``index``: its number in the stream (default: the next). The future gives its
+        :class:`LiveResult` (or the exception that failed it)."""
+        future: Future = Future()
+        dropped = None
+        with self._lock:
+            if session.closed or self._closing:
+                raise RuntimeError("the session is closed")
+            index = session.frames if index is None else index
+            session.frames = index + 1
+            if not session.one_shot and len(session.waiting) >= self.config.max_waiting:
+                dropped = session.waiting.popleft()
+            session.waiting.append(_Waiting(index, time.perf_counter() if timestamp is None else timestamp,
+                                            payload, future))
+            self._lock.notify()
+        if dropped is not None:
+            self._drop(dropped)
+        return future
+
+    def close_session(self, session: LiveSession) -> None:
+        """The client has gone: its waiting frames are dropped; frames already stepped finish unheard."""
+        with self._lock:
+            session.closed = True
+            if session in self._sessions:
+                self._sessions.remove(session)
+            waiting, session.waiting = list(session.waiting), deque()
+        for item in waiting:
+            item.future.cancel()
+
+    def close(self) -> None:
+        """Answer every frame submitted, then stop the loop."""
+        with self._lock:
+            self._closing = True
+            self._lock.notify()
+        self._thread.join()
+
+    # -- the loop -----------------------------------------------------------------------------------------
+    def _drop(self, item: _Waiting) -> None:
+        if item.future.set_running_or_notify_cancel():
+            item.future.set_result(LiveResult(DROPPED))
+        if self._on_drop is not None:
+            self._on_drop()
+
+    def _take(self, wait: bool) -> Optional[list[tuple[LiveSession, list[_Waiting]]]]:
+        """Every session's waiting frames, a chunk each, up to max_frames in all, the sessions in turn; waits for
+        one where ``wait``; None once closing with nothing left."""
+        config = self.config
+        with self._lock:
+            while wait and not self._closing and not any(s.waiting for s in self._sessions):
+                self._lock.wait()
+            sessions = self._sessions
+            if not sessions:
+                return None if self._closing else []
+            taken, room = [], config.max_frames
+            start = self._turn % len(sessions)
+            for k in range(len(sessions)):
+                session = sessions[(start + k) % len(sessions)]
+                if not session.waiting or room <= 0:
+                    continue
+                chunk = []
+                while session.waiting and len(chunk) < min(config.chunk, room):
+                    chunk.append(session.waiting.popleft())
+                room -= len(chunk)
+                taken.append((session, chunk))
+                if session.one_shot:
+                    sessions.remove(session)  # its one image is in hand
+            self._turn = start + 1
+            if not taken and self._closing:
+                return None
+            return taken
+
+    def _frames(self, taken: list[tuple[LiveSession, list[_Waiting]]]) -> list[tuple[LiveSession, list[_Waiting], list[Frame]]]:
+        """The frames of the items taken, JPEG bytes decoded in one call; an item that fails is answered with its
+        error and left out (the rest of its session's chunk goes on)."""
+        encoded = [w for _, chunk in taken for w in chunk if isinstance(w.payload, (bytes, bytearray))]
+        decoded: dict[int, torch.Tensor] = {}
+        if encoded:
+            try:
+                images = self.decode_jpeg([w.payload for w in encoded])
+            except Exception:  # noqa: BLE001 - one corrupt frame fails the batch: each on its own then
+                images = []
+                for w in encoded:
+                    try:
+                        images.append(self.decode_jpeg([w.payload])[0])
+                    except Exception as exc:  # noqa: BLE001 - said to its client
+                        images.append(FrameError(f"the image could not be decoded (truncated or corrupt: {exc})"))
+            decoded = {id(w): image for w, image in zip(encoded, images)}
+            ready = torch.cuda.Event() if self.pipeline.engine.device.type == "cuda" else None
+            if ready is not None:
+                ready.record()
+        out = []
+        for session, chunk in taken:
+            frames, kept = [], []
+            for w in chunk:
+                if not w.future.set_running_or_notify_cancel():
+                    continue  # its client has gone
+                image = decoded.get(id(w), w.payload)
+                if isinstance(image, Exception):
+                    w.future.set_exception(image)
+                    continue
+                if torch.is_tensor(image):
+                    frames.append(Frame(w.index, w.timestamp, None, image, ready))
+                else:
+                    frames.append(Frame(w.index, w.timestamp, image))
+                kept.append(w)
+            if frames:
+                out.append((session, kept, frames))
+        return out
+
+    def _run(self) -> None:
+        scheduler = self.scheduler
+        previous: Optional[tuple[PendingStep, list, float]] = None
+        while True:
+            taken = self._take(wait=previous is None)
+            if taken is None:
+                break
+            if not taken:
+                if previous is not None:  # nothing waits: the step in flight is answered now
+                    self._answer(*previous)
+                    previous = None
+                continue
+            t0 = time.perf_counter()
+            items = []
+            try:
+                items = self._frames(taken)
+                queued = scheduler.detect([(s.tracking, frames) for s, _, frames in items]) if items else None
+            except Exception as exc:  # noqa: BLE001 - this step's frames fail; the loop goes on
+                self._fail([w for _, chunk, _ in items for w in chunk], exc)
+                queued = None
+            settled = None
+            if previous is not None:
+                settled = self._settle(*previous)
+            if queued is not None:
+                try:
+                    launched = scheduler.launch(queued)
+                    previous = (launched, items, t0)
+                except Exception as exc:  # noqa: BLE001
+                    self._fail([w for _, chunk, _ in items for w in chunk], exc)
+                    previous = None
+            else:
+                previous = None
+            if settled is not None:
+                self._deliver(*settled)
+        if previous is not None:
+            self._answer(*previous)
+
+    def _settle(self, step: PendingStep, items: list, t0: float):
+        try:
+            return self.scheduler.settle(step), items, t0
+        except Exception as exc:  # noqa: BLE001
+            self._fail([w for _, chunk, _ in items for w in chunk], exc)
+            return None
+
+    def _answer(self, step: PendingStep, items: list, t0: float) -> None:
+        settled = self._settle(step, items, t0)
+        if settled is not None:
+            self._deliver(*settled)
+
+    def _deliver(self, settled: list, items: list, t0: float) -> None:
+        faces = 0
+        for chunk, (session, waiting, frames) in zip(settled, items):
+            try:
+                per_frame = session.tracking.results(chunk)
+            except Exception as exc:  # noqa: BLE001
+                self._fail(waiting, exc)
+                continue
+            for w, frame, found in zip(waiting, frames, per_frame):
+                faces += len(found)
+                w.future.set_result(LiveResult(found, frame.shape))
+            for frame in frames:
+                frame.pixels = frame.ready = None  # done with: free the GPU copy now
+        if self._on_step is not None:
+            self._on_step(sum(len(i[1]) for i in items), faces, time.perf_counter() - t0)
+
+    @staticmethod
+    def _fail(waiting: list[_Waiting], exc: BaseException) -> None:
+        for w in waiting:
+            if not w.future.done():
+                w.future.set_exception(exc)

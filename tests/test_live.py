@@ -1,0 +1,117 @@
+"""The live loop (emonet.video.live) driven directly: streams are sessions of the video runtime's scheduler, so a
+stream gives a video's rows; many streams at once each keep their own ids and smoothing; an overloaded stream is
+answered in order, its stale frames said dropped, and holds no more than a couple of frames."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from emonet.detection.blazeface import BlazeFaceDetector
+from emonet.engine import Engine, EngineConfig
+from emonet.engine.check import SAMPLE_PHOTO
+from emonet.io.images import read_image
+from emonet.io.video import VideoReader
+from emonet.pipeline import Pipeline
+from emonet.results import FrameFaces
+from emonet.video import ArraySource, VideoConfig, VideoInput, run_videos
+from emonet.video.live import DROPPED, LiveConfig, LiveLoop
+
+
+@pytest.fixture(scope="module")
+def pipeline(reference_model):
+    return Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)), BlazeFaceDetector("cpu"))
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory) -> list[np.ndarray]:
+    """The frames of a real face moving over a filmed-like background, as the video tool reads them."""
+    from emonet.bench.run import make_clip
+    path = make_clip(tmp_path_factory.mktemp("live") / "clip.mp4", width=320, height=240, frames=12)
+    reader = VideoReader(str(path))
+    try:
+        return [frame.image for frame in reader]
+    finally:
+        reader.close()
+
+
+def video_rows(pipeline: Pipeline, frames: list[np.ndarray], detect_every: int = 3) -> list[list]:
+    """Per frame, its faces as the video runtime gives them in chunks of one frame."""
+    config = VideoConfig(batch_size=1, detect_every=detect_every)
+    out = run_videos([VideoInput(ArraySource(frames), progress=False)], config, lambda shape: pipeline)
+    return [item.faces for item in out if isinstance(item, FrameFaces)]
+
+
+def assert_same(got: list, want: list) -> None:
+    assert [[(f.face_id, f.detected) for f in faces] for faces in got] == \
+        [[(f.face_id, f.detected) for f in faces] for faces in want]
+    for a, b in zip((f for faces in got for f in faces), (f for faces in want for f in faces)):
+        np.testing.assert_allclose(a.box, b.box, atol=0.5)
+        np.testing.assert_allclose([a.valence, a.arousal, *a.probabilities], [b.valence, b.arousal, *b.probabilities],
+                                   atol=1e-4)
+
+
+def test_streams_stepped_together_each_give_their_own_videos_rows(pipeline, clip):
+    # Three streams of different content, their frames stepped together (one detector call and one engine batch a
+    # step): each stream's faces, ids and smoothing are those of its own video run, frame for frame.
+    streams = [clip, clip[::-1], [np.ascontiguousarray(f[:, ::-1]) for f in clip]]
+    want = [video_rows(pipeline, frames) for frames in streams]
+    steps = []
+    loop = LiveLoop(pipeline, LiveConfig(detect_every=3), on_step=lambda n, faces, s: steps.append(n))
+    try:
+        sessions = [loop.open() for _ in streams]
+        got: list[list] = [[] for _ in streams]
+        for k in range(len(clip)):  # each frame sent once the last is answered, as a paced camera's would be
+            futures = [loop.submit(s, frames[k]) for s, frames in zip(sessions, streams)]
+            for out, future in zip(got, futures):
+                out.append(future.result(timeout=300).faces)
+    finally:
+        loop.close()
+    for g, w in zip(got, want):
+        assert sum(len(faces) for faces in w) >= len(clip) - 2  # the face is there in (nearly) every frame
+        assert_same(g, w)
+    assert max(steps) > 1  # streams shared steps
+
+
+def test_an_overloaded_stream_is_answered_in_order_its_stale_frames_dropped_holding_two_at_most(pipeline, clip):
+    loop = LiveLoop(pipeline, LiveConfig(max_waiting=2))
+    try:
+        session = loop.open()
+        futures = []
+        for k in range(24):  # far faster than a CPU reads them
+            futures.append(loop.submit(session, clip[k % len(clip)]))
+            assert len(session.waiting) <= 2
+        results = [f.result(timeout=300) for f in futures]
+    finally:
+        loop.close()
+    dropped = [r.faces == DROPPED for r in results]
+    assert any(dropped) and not all(dropped)
+    assert not dropped[-1]  # the newest frame is never pushed out
+    read = [r for r in results if r.faces != DROPPED]
+    assert all(r.shape == clip[0].shape for r in read)
+
+
+def test_a_one_shot_session_reads_an_image_as_the_photo_tool_does(pipeline):
+    photo = read_image(SAMPLE_PHOTO)
+    loop = LiveLoop(pipeline)
+    try:
+        result = loop.submit(loop.open(one_shot=True), photo).result(timeout=300)
+    finally:
+        loop.close()
+    (alone,) = pipeline([photo])[0]
+    (face,) = result.faces
+    assert face.face_id == alone.face_id == 0 and face.detected
+    assert_same([[face]], [[alone]])
+
+
+def test_a_closed_session_drops_its_waiting_frames_and_the_loop_goes_on(pipeline, clip):
+    loop = LiveLoop(pipeline)
+    try:
+        gone, other = loop.open(), loop.open()
+        futures = [loop.submit(gone, clip[k]) for k in range(3)]
+        loop.close_session(gone)
+        with pytest.raises(RuntimeError, match="closed"):
+            loop.submit(gone, clip[0])
+        assert loop.submit(other, clip[0]).result(timeout=300).faces != DROPPED
+        assert all(f.done() for f in futures)
+    finally:
+        loop.close()

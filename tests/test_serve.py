@@ -210,7 +210,7 @@ def test_a_load_of_paced_streams_loses_and_reorders_nothing(server, clip_frames)
     result = run_load(server, clip_frames, streams=2, fps=2.0, seconds=2.0)  # bounded: 8 frames, loopback
     assert (result.sent, result.lost, result.out_of_order, result.errors) == (8, 0, 0, [])
     assert len(result.latencies) == 8 and result.mean_batch is not None and result.mean_batch >= 1
-    assert result.row().startswith("| 2 | 2 | 8 | 0 | 0 |")
+    assert result.dropped == 0 and result.row().startswith("| 2 | 2 | 8 | 8 | 0 | 0 | 0 |")
 
 
 def test_streams_past_the_limit_are_refused_and_a_client_that_leaves_frees_its_place(server, clip_frames):

@@ -1,6 +1,7 @@
-"""A load generator for ``emonet-serve``: N concurrent WebSocket streams of JPEG frames at a frame rate, each
-frame's answer checked (none lost, none out of order) and its server-side latency kept; the GPU batch sizes
-from ``/metrics``."""
+"""A load generator for ``emonet-serve``: N concurrent WebSocket streams of JPEG frames, each paced by the clock
+as a camera sends them (frame i leaves at i / fps, whatever the answers do). Each frame's answer is checked
+(in order; answered, said dropped, or never answered) and its round trip kept, from the client's send to its
+answer: the latency a user sees. The server's own figure and the GPU step sizes (from ``/metrics``) beside."""
 from __future__ import annotations
 
 import asyncio
@@ -16,34 +17,38 @@ import numpy as np
 
 @dataclass
 class LoadResult:
-    """What N streams saw: frames sent and answered, order kept, server latencies (ms), batch sizes."""
+    """What N streams saw: frames sent, answered with faces, said dropped, never answered; order kept; round trips
+    and the server's latencies (ms) of the frames answered with faces; frames per GPU step."""
 
     streams: int
     fps: float
     sent: int = 0
-    answered: int = 0
+    answered: int = 0                                        # with faces (or an error), not dropped
+    dropped: int = 0                                         # answered {"dropped": true}
     out_of_order: int = 0
     errors: list[str] = field(default_factory=list)
-    latencies: list[float] = field(default_factory=list)     # receive-to-send, as the server reports it
+    latencies: list[float] = field(default_factory=list)     # read-to-send, as the server reports it
     round_trips: list[float] = field(default_factory=list)   # send to answer, as the client sees it
-    mean_batch: Optional[float] = None                       # images per GPU batch during the run
+    mean_batch: Optional[float] = None                       # frames per GPU step during the run
 
     @property
     def lost(self) -> int:
-        """Frames sent and never answered."""
-        return self.sent - self.answered
+        """Frames sent and never answered (neither read nor said dropped)."""
+        return self.sent - self.answered - self.dropped
 
     def row(self) -> str:
         """One Markdown table row."""
         p = (lambda q, xs: f"{np.percentile(xs, q):.1f}" if xs else "–")
         batch = f"{self.mean_batch:.1f}" if self.mean_batch is not None else "–"
-        return (f"| {self.streams} | {self.fps:g} | {self.sent} | {self.lost} | {self.out_of_order} | "
-                f"{p(50, self.latencies)} | {p(99, self.latencies)} | {p(50, self.round_trips)} | "
-                f"{p(99, self.round_trips)} | {batch} |")
+        share = f" ({100 * self.dropped / self.sent:.1f} %)" if self.sent and self.dropped else ""
+        return (f"| {self.streams} | {self.fps:g} | {self.sent} | {self.answered} | {self.dropped}{share} | "
+                f"{self.lost} | {self.out_of_order} | {p(50, self.round_trips)} | {p(99, self.round_trips)} | "
+                f"{p(50, self.latencies)} | {p(99, self.latencies)} | {batch} |")
 
 
-HEADER = ("| streams | frames/s each | frames sent | lost | out of order | server latency p50 (ms) | p99 (ms) | "
-          "round trip p50 (ms) | p99 (ms) | images per GPU batch |\n|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| streams | frames/s each | sent | answered | dropped | never answered | out of order | "
+          "**round trip p50 (ms)** | **p99 (ms)** | server p50 (ms) | server p99 (ms) | frames per GPU step |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def _batches(url: str) -> tuple[float, float]:
@@ -70,9 +75,13 @@ async def _stream(url: str, frames: list[bytes], fps: float, seconds: float, res
                 if reply["frame"] != expected:
                     result.out_of_order += 1
                 expected = reply["frame"] + 1
+                sent = sent_at.pop(reply["frame"])
+                if reply.get("dropped"):
+                    result.dropped += 1
+                    continue
                 result.answered += 1
                 result.latencies.append(reply["latency_ms"])
-                result.round_trips.append((time.perf_counter() - sent_at.pop(reply["frame"])) * 1e3)
+                result.round_trips.append((time.perf_counter() - sent) * 1e3)
                 if reply.get("error"):
                     result.errors.append(reply["error"])
 

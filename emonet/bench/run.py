@@ -580,9 +580,12 @@ def sweep_table(jobs: Sequence[tuple[str, str, int]], runs: Sequence[Sequence[tu
     return lines
 
 
-def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float = 30.0) -> str:
+def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float = 30.0,
+                     clip: Optional[str] = None) -> str:
     """The service at ``url`` under each count of concurrent streams (:func:`emonet.bench.load.run_load`), as a
-    Markdown table: frames lost and out of order, server latency, round trips, GPU batch sizes."""
+    Markdown table: the client's round trip first, frames answered, dropped and never answered, the server's
+    latency, GPU step sizes. ``clip``: a video whose frames (as 640x480 JPEG) are sent (default: a made-up clip
+    of a real face)."""
     import json
     import urllib.request
 
@@ -592,11 +595,14 @@ def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float
 
     health = json.loads(urllib.request.urlopen(f"{url}/health", timeout=10).read())
     with tempfile.TemporaryDirectory(prefix="emonet-load-") as tmp:
-        clip = make_clip(Path(tmp) / "clip.mp4", width=640, height=480, frames=30)
-        with av.open(str(clip)) as container:
-            frames = [cv2.imencode(".jpg", f.to_ndarray(format="bgr24"))[1].tobytes() for f in container.decode(video=0)]
-    lines = [f"Service: {url}, {health.get('engine')} on {health.get('device')}; 640x480 JPEG frames "
-             f"({len(frames[0]) // 1024} KB), {fps:g} frames/s a stream, {seconds:g} s each.", "", HEADER]
+        path = clip or make_clip(Path(tmp) / "clip.mp4", width=640, height=480, frames=30)
+        with av.open(str(path)) as container:
+            frames = [cv2.imencode(".jpg", cv2.resize(f.to_ndarray(format="bgr24"), (640, 480)))[1].tobytes()
+                      for _, f in zip(range(300), container.decode(video=0))]
+    lines = [f"Service: {url}, {health.get('engine')} on {health.get('device')}, JPEG decoded by "
+             f"{health.get('jpeg_decoder', '?')}; 640x480 JPEG frames of {clip or 'a made-up clip of a real face'} "
+             f"({sum(map(len, frames)) // len(frames) // 1024} KB), {fps:g} frames/s a stream paced by the clock, "
+             f"{seconds:g} s each. Round trip: from the client's send to its answer.", "", HEADER]
     for n in counts:
         result = run_load(url, frames, n, fps, seconds)
         lines.append(result.row())
@@ -833,6 +839,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="drive a running emonet-serve at URL (http://127.0.0.1:8000) with concurrent WebSocket "
                              "streams of 640x480 JPEG frames: lost and reordered frames, server latency p50/p99, GPU "
                              "batch sizes")
+    parser.add_argument("--serve-clip", default=None, metavar="VIDEO",
+                        help="--serve-load sends this video's frames (as 640x480 JPEG; default: a made-up clip)")
     parser.add_argument("--serve-streams", default="1,8,16,32", metavar="N[,N...]",
                         help="stream counts of --serve-load (default 1,8,16,32)")
     parser.add_argument("--serve-seconds", default=10.0, type=float, metavar="S",
@@ -870,7 +878,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not counts or min(counts) < 1 or args.serve_seconds <= 0:
             parser.error("--serve-streams counts are at least 1, and --serve-seconds positive")
         try:
-            text = serve_load_table(args.serve_load.rstrip("/"), counts, args.serve_seconds)
+            text = serve_load_table(args.serve_load.rstrip("/"), counts, args.serve_seconds, clip=args.serve_clip)
         except OSError as exc:
             print(f"error: {args.serve_load}: no emonet-serve answers there ({exc})", file=sys.stderr)
             return 2

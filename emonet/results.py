@@ -45,16 +45,18 @@ class FrameFaces:
 
 def face_record(face: FaceResult, class_names: Sequence[str]) -> dict:
     """One face as JSON: id, box, score, expression, probabilities by class name, valence, arousal, landmarks."""
+    # Rounded as Python floats (tolist first): a live service writes this for every face of every frame.
+    points = [round(v, 2) for v in np.asarray(face.landmarks, np.float64).ravel().tolist()]
     return {
         "face_id": face.face_id,
-        "box": [round(float(v), 2) for v in face.box],
+        "box": [round(v, 2) for v in np.asarray(face.box, np.float64).tolist()],
         "score": round(face.score, 4),
         "expression": class_names[face.expression],
         "expression_index": face.expression,
-        "probabilities": {name: round(float(p), 5) for name, p in zip(class_names, face.probabilities)},
+        "probabilities": {name: round(p, 5) for name, p in zip(class_names, np.asarray(face.probabilities).tolist())},
         "valence": round(face.valence, 5),
         "arousal": round(face.arousal, 5),
-        "landmarks": [[round(float(x), 2), round(float(y), 2)] for x, y in face.landmarks],
+        "landmarks": [points[i:i + 2] for i in range(0, len(points), 2)],
     }
 
 

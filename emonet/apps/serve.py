@@ -13,11 +13,6 @@ from ..cli import ToolParser
 from ..errors import InputError
 from .common import add_model_arguments, model_options, run_tool
 
-# The GPU loop's thread runs Python between its CUDA calls while the event loop's thread reads and answers the
-# sockets; at CPython's default 5 ms switch interval each socket call of the event loop can wait that long for the
-# interpreter, and a few dozen streams' frames queue for seconds before they are read (docs/PERFORMANCE.md).
-SWITCH_INTERVAL = 0.0005
-
 EXAMPLES = """examples:
   %(prog)s --weights random                      # http://127.0.0.1:8000/ : the webcam page
   %(prog)s --host 0.0.0.0 --port 8080 --max-streams 32
@@ -89,7 +84,6 @@ def run(args: argparse.Namespace) -> int:
     config = ServeConfig(max_streams=args.max_streams, max_image_bytes=int(args.max_image_mb * (1 << 20)),
                          max_batch=args.max_batch, detect_every=args.detect_every, smooth=args.smooth)
     app = create_app(pipeline, config)
-    sys.setswitchinterval(SWITCH_INTERVAL)
     print(f"emonet-serve: http://{args.host}:{args.port}/ (the page), /v1/analyze, /v1/stream, /health, /metrics; "
           f"Ctrl-C stops it", file=sys.stderr, flush=True)
     # uvicorn stops gracefully on Ctrl-C or SIGTERM, then raises the signal again for the handler it found:
@@ -101,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     # (uvicorn's newer "websockets-sansio" has no queue bound yet: the legacy one, and its notice silenced.)
     warnings.filterwarnings("ignore", message="The `websockets` implementation is deprecated")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, ws="websockets",
+                # Frames are JPEG or PNG already: compressing them again costs a client ~2 ms a 40 KB frame for
+                # nothing (a client sending many streams falls seconds behind), so the extension is declined.
                 ws_per_message_deflate=False,
                 ws_max_size=config.max_image_bytes + (64 << 10), ws_max_queue=2)
     print("emonet-serve: stopped", file=sys.stderr)

@@ -15,7 +15,7 @@ import torch
 
 from .cli import say
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+from .choices import PRECISIONS  # noqa: F401 - re-exported
 _DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 

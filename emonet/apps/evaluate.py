@@ -6,7 +6,6 @@ import os
 import sys
 from typing import Optional
 
-from ..evaluation.loop import run
 from ..cli import ToolParser
 from .common import add_model_arguments, model_options, run_tool
 
@@ -58,7 +57,13 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
     """``emonet-eval`` / ``test.py``."""
     args = parse_args(argv, prog)
-    return run_tool(lambda: run(args, model_options(args)))
+
+    def evaluate() -> int:
+        from ..evaluation.loop import run  # (torch is imported here, not for --help)
+
+        return run(args, model_options(args))
+
+    return run_tool(evaluate)
 
 
 if __name__ == "__main__":

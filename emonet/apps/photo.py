@@ -12,17 +12,13 @@ from typing import Iterable, Optional, Union
 import numpy as np
 from tqdm import tqdm
 
-from ..engine.check import SAMPLE_PHOTO
-from ..provenance import provenance
 from ..drawing import annotate
 from ..io.atomic import write_text
-from ..errors import InputError
+from ..errors import EXIT_CODES, InputError
 from ..io.images import IMAGE_EXTENSIONS, check_writable_dir, collect_images, read_image, read_images, write_image
-from ..models.weights import UNTRAINED_LABEL
 from ..results import FaceResult, face_record, photo_fields, photo_row
-from ..timing import LatencyTimer, StartupClock
 from ..cli import ToolParser, plural
-from ..build import build_pipeline
+# (the model's modules, which import torch, are imported where the tool runs: --help is quick)
 from .common import add_model_arguments, model_options, run_tool
 
 
@@ -53,6 +49,9 @@ def _annotated_name(path: Path, folder: Path, used: set) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Process every image; return the exit code (1 when some image could not be read)."""
+    from ..engine.check import SAMPLE_PHOTO
+    from ..timing import StartupClock
+
     startup = StartupClock()
     # "sample": the photo that ships with the package (scikit-image's astronaut), from any folder.
     paths = collect_images([str(SAMPLE_PHOTO) if p == "sample" else p for p in args.image])
@@ -74,7 +73,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.ndarray, InputError]]], count: int,
-             startup: StartupClock, out_file: Optional[Path], out_dir: Optional[Path]) -> int:
+             startup: "StartupClock", out_file: Optional[Path], out_dir: Optional[Path]) -> int:
+    from ..build import build_pipeline
+    from ..models.weights import UNTRAINED_LABEL
+    from ..provenance import provenance
+    from ..timing import LatencyTimer
+
     model = model_options(args)
     pipeline = build_pipeline(model, refine=args.refine)
     engine, detector = pipeline.engine, pipeline.detector
@@ -142,6 +146,8 @@ def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.nda
 
 
 def _report(path: Path, faces: list[FaceResult], names, untrained: bool) -> None:
+    from ..models.weights import UNTRAINED_LABEL
+
     out = sys.stderr
     if not faces:
         tqdm.write(f"{path}: no face found", file=out)
@@ -166,7 +172,7 @@ EXAMPLES = """examples:
 def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> argparse.Namespace:
     """The photo tool's command line."""
     parser = ToolParser(
-        prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog, epilog=EXAMPLES + "\n" + EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Find every face in photos and report its expression, valence, arousal and 68 landmarks "
                     "(EmoNet). Text goes to stderr; --json - writes JSON to stdout.")
     parser.add_argument("--image", nargs="+", required=True, metavar="PATH",
@@ -174,8 +180,7 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                              "photo that ships with the package")
     parser.add_argument("--json", metavar="FILE", help="write results as JSON to FILE ('-' for stdout)")
     parser.add_argument("--csv", metavar="FILE",
-                        help="write one row per face per image to FILE: image, face index, box, score, expression "
-                             "and probabilities, valence, arousal (an image with no face: one row with empty "
+                        help="write one row per face per image to FILE (an image with no face: a row of empty "
                              "values; an unreadable one: its error)")
     parser.add_argument("--output", metavar="FILE|DIR",
                         help="annotated images: an image file for one input image, else a folder")

@@ -8,7 +8,6 @@ import sys
 import warnings
 from typing import Optional
 
-from ..build import build_pipeline
 from ..cli import ToolParser
 from ..errors import InputError
 from .common import add_model_arguments, model_options, run_tool
@@ -78,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise InputError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); choose another --port "
                              f"or --host") from None
+    from ..build import build_pipeline
+
     options = model_options(args)
     pipeline = build_pipeline(options)
     pipeline.warmup()

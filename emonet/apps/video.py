@@ -10,24 +10,27 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from typing import TYPE_CHECKING
+
 from ..cli import ToolParser, say
 from ..errors import EXIT_CODES
-from ..io import nvdec
 from ..io.decode_worker import is_stream_url
 from ..io.images import check_writable_dir
 from ..io.writer import CODECS, check_video_name
-from ..models.weights import UNTRAINED_LABEL
-from ..provenance import provenance, write_sidecar
-from ..runtime import select_device
-from ..timing import StartupClock
-from ..video import Drawers, StopToken, VideoConfig, VideoInput, VideoRun, open_source, run_video, sinks_for
-from ..video.config import STAGES
-from ..video.sources import no_frames
 from .common import add_model_arguments, model_options, run_tool
 
+# (the video runtime and the model, which import torch, are imported where the tool runs: --help is quick)
+if TYPE_CHECKING:
+    from ..video import VideoConfig, VideoRun
 
-def video_config(args: argparse.Namespace) -> VideoConfig:
+UNTRAINED_VIDEO = ("untrained weights: predictions are meaningless, and their landmarks are noise, so the boxes "
+                   "between detections, which follow the landmarks, jump: judge tracking with real weights")
+
+
+def video_config(args: argparse.Namespace) -> "VideoConfig":
     """The run the command line asks for."""
+    from ..video import VideoConfig
+
     return VideoConfig(model=model_options(args), batch_size=args.batch_size, detect_every=args.detect_every,
                        smooth=args.smooth, max_faces=args.max_faces,
                        start=args.start, end=args.end, max_frames=args.max_frames, decoder=args.decoder,
@@ -37,6 +40,12 @@ def video_config(args: argparse.Namespace) -> VideoConfig:
 def run(args: argparse.Namespace) -> int:
     """Process the video; 0 when done, 1 when read only in part, 130 when interrupted (the rest: exit codes of
     :mod:`emonet.errors`)."""
+    from ..provenance import provenance, write_sidecar
+    from ..runtime import select_device
+    from ..timing import StartupClock
+    from ..video import Drawers, StopToken, VideoInput, open_source, run_video, sinks_for
+    from ..video.sources import no_frames
+
     config = video_config(args)
     if args.out_dir is not None:
         from .collection import run_collection
@@ -82,8 +91,10 @@ def run(args: argparse.Namespace) -> int:
     return 130 if result.interrupted else 1 if result.shortfall else 0
 
 
-def report(run: VideoRun, config: VideoConfig) -> None:
+def report(run: "VideoRun", config: "VideoConfig") -> None:
     """How a video's run went: frames, speed, time by stage, CPU, outputs (standard error)."""
+    from ..video.config import STAGES
+
     err = sys.stderr
     wall, frames = run.wall, run.frames
     print(f"\n{'interrupted: ' if run.interrupted else ''}{frames} frames, {run.faces} faces, "
@@ -117,7 +128,7 @@ def report(run: VideoRun, config: VideoConfig) -> None:
     if run.engine.background_note:
         print(f"engine: {run.engine.background_note}", file=err)
     if run.engine.untrained:
-        print(f"note: {UNTRAINED_LABEL}", file=err)
+        print(f"note: {UNTRAINED_VIDEO}", file=err)
 
 
 EXAMPLES = """examples:
@@ -196,7 +207,7 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
         parser.error(f"--start must be 0 or more seconds, not {args.start:g}")
     if args.end is not None and args.end <= args.start:
         parser.error(f"--end ({args.end:g} s) must come after --start ({args.start:g} s)")
-    if args.decoder == "nvdec" and not nvdec.available():
+    if args.decoder == "nvdec" and not _nvdec_available():
         parser.error("--decoder nvdec needs NVIDIA's PyNvVideoCodec (pip install PyNvVideoCodec) and an NVIDIA GPU")
     if args.no_video and args.output:
         parser.error("--no-video and --output ask for opposite things: drop one")
@@ -216,6 +227,12 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     if not (args.output or args.csv or args.jsonl):
         args.csv = "-"  # nothing to keep asked for: the rows go to the terminal (a camera's first look)
     return args
+
+
+def _nvdec_available() -> bool:
+    from ..io import nvdec
+
+    return nvdec.available()
 
 
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:

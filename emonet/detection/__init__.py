@@ -16,7 +16,7 @@ import torch
 
 from .base import DetectorError, FaceDetector
 
-DETECTORS = ("blazeface", "sfd", "none")
+from ..choices import DETECTORS  # noqa: F401 - re-exported
 
 
 def create_detector(name: str, device: Union[str, torch.device] = "cpu", **kwargs) -> FaceDetector:

@@ -196,6 +196,11 @@ def _overlap(a: tuple, rects: list) -> int:
 def _best(candidates: list, width: int, height: int, area: tuple, avoid: list) -> tuple[int, int]:
     """The first candidate corner (x, y) of a ``width`` x ``height`` mark, moved inside ``area`` (x0, y0, x1,
     y1), that covers nothing in ``avoid``; else the one that covers least."""
+    return _best_with_cost(candidates, width, height, area, avoid)[0]
+
+
+def _best_with_cost(candidates: list, width: int, height: int, area: tuple, avoid: list) -> tuple[tuple[int, int], int]:
+    """:func:`_best`, and the area it covers."""
     best, best_cost = None, None
     for x, y in candidates:
         x = min(max(x, area[0]), max(area[0], area[2] - width))
@@ -205,7 +210,7 @@ def _best(candidates: list, width: int, height: int, area: tuple, avoid: list) -
             best, best_cost = (x, y), cost
             if cost == 0:
                 break
-    return best
+    return best, best_cost
 
 
 def place_faces(faces: Sequence[FaceResult], class_names: Sequence[str], shape: tuple[int, ...], top: int = 0,
@@ -225,15 +230,33 @@ def place_faces(faces: Sequence[FaceResult], class_names: Sequence[str], shape: 
         thick = max(1, size // 120)
         sprite = _label(face, class_names, size, thick, labels[i] if labels is not None else None)
         lh, lw = sprite.shape[:2]
-        # Above the box, below it, inside its top, then beside it.
-        lx, ly = _best([(x1, y1 - lh), (x1, y2 + 1), (x2 - lw, y1 - lh), (x2 - lw, y2 + 1), (x1, y1),
-                        (x2 + 2, y1), (x1 - lw - 2, y1)], lw, lh, area, others + taken)
+        # Its own landmarks, where they reach past the box (a chin, a turned head), are not covered either.
+        own = [(x, y, x + 1, y + 1) for x, y in np.asarray(face.landmarks, np.float64).reshape(-1, 2).astype(int).tolist()]
+        # Above the box, below it, inside its top, then beside it; clear of the box's line (it is drawn
+        # ``thick`` wide, centred on the box's edge).
+        gap = thick // 2 + 2
+        candidates = [(x1, y1 - lh - gap), (x1, y2 + gap), (x2 - lw, y1 - lh - gap), (x2 - lw, y2 + gap),
+                      (x1 + gap, y1 + gap), (x2 + gap, y1), (x1 - lw - gap, y1)]
+        # Other faces and marks first; then the fewest of its own landmarks.
+        (lx, ly), cost = _best_with_cost(candidates, lw, lh, area, others + taken)
+        if cost == 0 and own:
+            free = [c for c in candidates if _best_with_cost([c], lw, lh, area, others + taken)[1] == 0]
+            lx, ly = _best(free, lw, lh, area, own)
         taken.append((lx, ly, lx + lw, ly + lh))
-        radius = int(min(max(size * 0.25, 18), 90))
+        # Beside the box (right, then left), then below and above it; smaller where there is no room for it
+        # clear of the face (a tight portrait), rather than over it.
+        choices = []
+        for radius in sorted({int(min(max(size * f, 18), 90)) for f in (0.25, 0.18, 0.12)}, reverse=True):
+            d = 2 * radius + 3
+            (dx, dy), cost = _best_with_cost([(x2 + 6, y1), (x1 - d - 6, y1), (x2 + 6, y2 - d), (x1 - d - 6, y2 - d),
+                                              (x1, y2 + 6), (x1, y1 - d - 6)], d, d, area,
+                                             others + taken + [(x1, y1, x2, y2)])
+            choices.append((cost, -radius, dx, dy))
+            if cost == 0:
+                break
+        _, radius, dx, dy = min(choices)
+        radius = -radius
         d = 2 * radius + 3
-        # Beside the box (right, then left), then below and above it.
-        dx, dy = _best([(x2 + 6, y1), (x1 - d - 6, y1), (x2 + 6, y2 - d), (x1 - d - 6, y2 - d),
-                        (x1, y2 + 6), (x1, y1 - d - 6)], d, d, area, others + taken + [(x1, y1, x2, y2)])
         taken.append((dx, dy, dx + d, dy + d))
         placed[i] = FaceMarks(_color(face.expression), (x1, y1, x2, y2), thick, sprite, (lx, ly),
                               max(1, size // 100), (dx + radius + 1, dy + radius + 1), radius)

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
+from ..choices import ENGINES
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -72,6 +74,7 @@ PRESETS: Dict[str, EngineConfig] = {
     "max": EngineConfig(precision="fp16", channels_last=True, fold_bn=True, compile="max-autotune",
                         streams=8, cuda_graphs=True),
 }
+assert tuple(PRESETS) == ENGINES  # the command lines' choices (emonet.choices)
 
 # On a CPU: the exact network (fp32, folded; no warm-up: the CPU has nothing to autotune, and a batch-16
 # warm-up would cost seconds), and bf16 where asked for.

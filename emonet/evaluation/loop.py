@@ -213,7 +213,9 @@ def run(args: argparse.Namespace, model: ModelOptions) -> int:
     """Build the dataset, check it, predict, score and report; the exit code. ``args``: the evaluation's
     own options (dataset, outputs, ``--face``, ...); ``model``: weights, device, engine and detector."""
     from ..classes import class_names
+    from ..timing import StartupClock
 
+    startup = StartupClock()
     # The arguments are checked before the model loads (or downloads).
     if args.dataset == "affectnet" and not args.root:
         raise DatasetError("--dataset affectnet needs --root DIR (the folder with <subset>_fullpath.pkl)")
@@ -231,6 +233,7 @@ def run(args: argparse.Namespace, model: ModelOptions) -> int:
             model = replace(model, device=f"cuda:{ddp.local_rank}")
         quiet = not ddp.main
         engine = build_engine(model, batch_sizes=(args.batch_size,))
+        startup.mark("model and engine")
         n_classes = engine.n_expression  # the checkpoint's; load_model refused a disagreeing --nclasses
         if args.dataset == "affectnet":
             dataset, counts = affectnet(Path(args.root), args.subset, n_classes, class_names(n_classes))
@@ -267,6 +270,7 @@ def run(args: argparse.Namespace, model: ModelOptions) -> int:
                                    f"add box columns or pass --skip-missing")
             dataset.drop(no_face + unreadable)
             counts["no_face"], counts["unreadable"] = len(no_face), len(unreadable)
+            startup.mark("finding the faces")
         if not len(dataset):
             raise DatasetError("no samples left to evaluate")
         if not dataset.labelled and not args.predictions:
@@ -277,6 +281,7 @@ def run(args: argparse.Namespace, model: ModelOptions) -> int:
                               workers=args.workers, ddp=ddp, progress=not quiet)
         if not ddp.main:
             return 0
+        startup.mark("reading every face")
         metrics = score(dataset, preds)
         table = published_table(metrics, n_classes if args.dataset == "affectnet" else None)
         if not dataset.labelled:
@@ -293,6 +298,7 @@ def run(args: argparse.Namespace, model: ModelOptions) -> int:
                   + f"; scored {plural(len(preds.index), 'sample')}", file=sys.stderr)
         if engine.untrained:
             print("note: untrained weights — these metrics are meaningless", file=sys.stderr)
+        print(startup.format("scores"), file=sys.stderr)
         if args.report:
             report = {"dataset": dataset.name, "counts": counts, "n": int(len(preds.index)),
                       "flip": not args.no_flip, **provenance(engine), "untrained": engine.untrained,

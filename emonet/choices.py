@@ -1,0 +1,7 @@
+"""The names a command line chooses among, in a module that imports nothing heavy: ``--help`` lists them
+without loading torch. The modules that act on them take their names from here."""
+from __future__ import annotations
+
+ENGINES = ("eager", "fast", "compiled", "tuned", "max")   # emonet.engine.PRESETS, besides "auto"
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")             # emonet.runtime
+DETECTORS = ("blazeface", "sfd", "none")                  # emonet.detection

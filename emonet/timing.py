@@ -16,6 +16,8 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
+
+from .cli import plural
 from torch import nn
 
 FIRST_CALL_NOTE = ("the first call pays one-off costs: cuDNN autotuning for each new input shape "
@@ -53,7 +55,7 @@ class LatencySummary:
             lines.append("  steady state    only one call was made; no steady-state figure")
         else:
             lines.append(f"  steady state    {self.median_ms:9.2f} ms median, {self.p90_ms:.2f} ms p90, "
-                         f"{self.mean_ms:.2f} ms mean over {self.calls - 1} calls")
+                         f"{self.mean_ms:.2f} ms mean over {plural(self.calls - 1, 'call')}")
             lines.append(f"  throughput      {self.throughput:9.1f} {unit}s/s (steady state)")
         return "\n".join(lines)
 

@@ -128,6 +128,10 @@ def test_published_table_layout():
     assert "ACC" in lines[0] and "V CCC" in lines[0] and "A SAGR" in lines[0]
     assert lines[2].startswith("published (8 classes)") and "0.750" in lines[2] and "0.820" in lines[2]
     assert lines[3].startswith("this run") and "0.500" in lines[3]
+    # A negative value keeps the columns where the header has them.
+    negative = published_table({"valence": {"CCC": -0.1, "PCC": -0.2, "RMSE": 0.3, "SAGR": 0.4}}, 8).splitlines()
+    bars = [[i for i, c in enumerate(line) if c == "|"] for line in negative if "|" in line]
+    assert all(b == bars[0] for b in bars) and "-0.100" in negative[-1]
 
 
 def _two_faces(path: Path) -> Path:

@@ -178,6 +178,7 @@ def run_collection(args: argparse.Namespace, config: VideoConfig) -> int:
 
 def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: list[Path], dist: _Distributed) -> int:
     err = sys.stderr
+    interactive = err.isatty()
     startup = StartupClock()
     done = [v for v in videos if not args.force and _complete(output_paths(out_dir, v, args.output_videos))]
     todo = [v for v in videos if v not in done]
@@ -226,7 +227,8 @@ def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: l
             if drawers is not None:
                 sinks.append(AnnotatedSink(str(paths["video"]), drawers, config.codec))
             sinks.append(SummarySink(str(video), paths["summary"], paths["plot"], plots))
-            yield VideoInput(source, sinks, f"[{n}/{len(mine)}] {video.name}", name=str(video))
+            # A progress bar redraws its line: in a log file (several processes' too) it is one line a video instead.
+            yield VideoInput(source, sinks, f"[{n}/{len(mine)}] {video.name}", progress=interactive, name=str(video))
 
     frames = 0
     wall0 = time.perf_counter()
@@ -248,6 +250,9 @@ def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: l
             if run.shortfall:  # kept, said, and recorded in its summary and row
                 errors_shortfall[run.name] = run.shortfall
                 tqdm.write(f"warning: {run.name}: {run.shortfall}", file=err)
+            if not interactive:
+                print(f"{run.name}: {plural(run.frames, 'frame')}, {plural(run.faces, 'face')}, "
+                      f"{run.frames / max(run.wall, 1e-9):.1f} frames/s", file=err)
             last = time.time()  # the wall clock: the processes' times are put side by side
             first = first if first is not None else last - run.wall
             frames += run.frames

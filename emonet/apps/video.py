@@ -58,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         check_video_name(args.output, args.codec)
     device = select_device(args.device, quiet=True)
+    if device.type == "cpu" and args.batch_size > 8:
+        # Not a smaller default on CPUs: a chunk's tracked frames take the last chunk's landmarks, so the same
+        # command would give other rows on another machine.
+        say(f"note: on a CPU rows come {args.batch_size} frames at a time (--batch-size), each chunk some seconds; "
+            f"--batch-size 8 gives the first rows sooner (and rows that differ slightly: see --help)")
     drawers = Drawers(device) if args.output else None
     stop = StopToken().install()
     try:
@@ -180,8 +185,8 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     run_group.add_argument("--start", type=float, default=0.0, help="start at this time in seconds (default: 0)")
     run_group.add_argument("--end", type=float, default=None, help="stop at this time in seconds (default: the end)")
     run_group.add_argument("--batch-size", type=int, default=32,
-                           help="frames whose faces go through EmoNet together (default: 32; smaller gives the "
-                                "first rows sooner, larger adds little)")
+                           help="frames whose faces go through EmoNet together (default: 32); smaller gives the "
+                                "first rows sooner, and tracked frames' crops from fresher landmarks (rows differ)")
     run_group.add_argument("--detect-every", type=int, default=5,
                            help="run the face detector every N frames, and whenever a face is lost; in between, "
                                 "crop from the last landmarks (default: 5). Faces under about 180 px wide in 1080p "

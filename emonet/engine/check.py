@@ -122,7 +122,7 @@ class Agreement:
 
     def format(self) -> str:
         """One line for reports."""
-        return (f"{'OK' if self.ok else 'MISMATCH'}: arg-max agreement {self.argmax_agreement:.0%} "
+        return (f"{'within' if self.ok else 'over'} the tolerance: arg-max agreement {self.argmax_agreement:.0%} "
                 f"over {self.n} crops, max |dV| {self.max_valence_diff:.4f}, max |dA| "
                 f"{self.max_arousal_diff:.4f} (tolerance {self.tolerance})")
 

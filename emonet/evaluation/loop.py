@@ -133,14 +133,16 @@ def score(dataset: FaceDataset, preds: Predictions) -> dict:
 def published_table(metrics: dict, n_classes: Optional[int]) -> str:
     """The published layout: ACC, then valence and arousal CCC, PCC, RMSE, SAGR; published row beside ours."""
     def row(name: str, m: dict) -> str:
-        cells = [f"{name:<22}", f"{m['ACC']:.3f}" if m.get("ACC") is not None else "  –  "]
+        # Every cell 6 wide: a negative CCC or PCC keeps the columns aligned.
+        cells = [f"{name:<22}", f"{m['ACC']:6.3f}" if m.get("ACC") is not None else f"{'–':^6}"]
         for dim in ("valence", "arousal"):
             d = m.get(dim) or {}
-            cells += [f"{d[k]:.3f}" if d.get(k) is not None else "  –  " for k in ("CCC", "PCC", "RMSE", "SAGR")]
+            cells += [f"{d[k]:6.3f}" if d.get(k) is not None else f"{'–':^6}" for k in ("CCC", "PCC", "RMSE", "SAGR")]
         return " | ".join(cells)
     ours = {"ACC": (metrics.get("expression") or {}).get("ACC"), "valence": metrics.get("valence"),
             "arousal": metrics.get("arousal")}
-    head = f"{'':<22} | ACC   | V CCC | V PCC | V RMSE| V SAGR| A CCC | A PCC | A RMSE| A SAGR"
+    head = " | ".join([f"{'':<22}", *(f"{c:<6}" for c in ("ACC", "V CCC", "V PCC", "V RMSE", "V SAGR", "A CCC",
+                                                          "A PCC", "A RMSE", "A SAGR"))])
     lines = [head, "-" * len(head)]
     if n_classes in PUBLISHED:
         lines.append(row(f"published ({n_classes} classes)", PUBLISHED[n_classes]))

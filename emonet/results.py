@@ -44,13 +44,16 @@ class FrameFaces:
 
 
 def face_record(face: FaceResult, class_names: Sequence[str]) -> dict:
-    """One face as JSON: id, box, score, expression, probabilities by class name, valence, arousal, landmarks."""
+    """One face as JSON: id, box, score, whether the detector saw it, expression, probabilities by class name,
+    valence, arousal, landmarks."""
     # Rounded as Python floats (tolist first): a live service writes this for every face of every frame.
     points = [round(v, 2) for v in np.asarray(face.landmarks, np.float64).ravel().tolist()]
     return {
         "face_id": face.face_id,
         "box": [round(v, 2) for v in np.asarray(face.box, np.float64).tolist()],
-        "score": round(face.score, 4),
+        # Between detections (video, streams) there is no score of the frame's own: null, never NaN (not JSON).
+        "score": round(face.score, 4) if face.detected else None,
+        "detected": face.detected,
         "expression": class_names[face.expression],
         "expression_index": face.expression,
         "probabilities": {name: round(p, 5) for name, p in zip(class_names, np.asarray(face.probabilities).tolist())},

@@ -115,3 +115,41 @@ def test_a_closed_session_drops_its_waiting_frames_and_the_loop_goes_on(pipeline
         assert all(f.done() for f in futures)
     finally:
         loop.close()
+
+
+def test_bad_frames_and_a_second_image_of_a_one_shot_session_are_refused_at_once(pipeline, clip):
+    loop = LiveLoop(pipeline)
+    try:
+        with pytest.raises(ValueError, match="RGB"):
+            loop.submit(loop.open(), np.zeros((0, 5, 3), np.uint8))
+        one = loop.open(one_shot=True)
+        future = loop.submit(one, clip[0])
+        with pytest.raises(RuntimeError, match="one image"):
+            loop.submit(one, clip[1])
+        assert future.result(timeout=300).shape == clip[0].shape
+    finally:
+        loop.close()
+
+
+def test_every_stream_gets_its_turn_when_more_wait_than_a_step_holds(pipeline, clip):
+    loop = LiveLoop(pipeline, LiveConfig(max_frames=2, chunk=1))
+    try:
+        sessions = [loop.open() for _ in range(5)]
+        futures = [loop.submit(s, clip[0]) for s in sessions]
+        served = [s for s, f in zip(sessions, futures) if f.result(timeout=300).faces != DROPPED]
+    finally:
+        loop.close()
+    assert len(served) == 5  # each answered, none starved behind the others
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # its thread's traceback
+def test_a_loop_that_stops_fails_every_frame_in_hand_and_refuses_more(pipeline, clip):
+    def broken(images, faces, seconds):
+        raise SystemExit("the step hook broke the loop")  # not an Exception: the loop cannot go on
+    loop = LiveLoop(pipeline, on_step=broken)
+    session = loop.open()
+    first = loop.submit(session, clip[0])
+    assert first.result(timeout=300).faces != DROPPED  # answered before the hook ran
+    loop._thread.join(timeout=60)
+    with pytest.raises(RuntimeError, match="stopped"):
+        loop.submit(session, clip[1])

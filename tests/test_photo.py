@@ -37,7 +37,7 @@ def test_photo_to_json_and_annotated_image(tmp_path):
     (record,) = doc["images"]
     assert record["image"].endswith("astronaut.jpg") and record["width"] == 512 and record["error"] is None
     (face,) = record["faces"]
-    assert set(face) == {"face_id", "box", "score", "expression", "expression_index", "probabilities",
+    assert set(face) == {"face_id", "box", "score", "detected", "expression", "expression_index", "probabilities",
                          "valence", "arousal", "landmarks"}
     x1, y1, x2, y2 = face["box"]
     assert x1 < 200 and x2 > 250 and y1 < 110 and y2 > 160  # covers the face

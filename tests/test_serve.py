@@ -65,6 +65,13 @@ def clip_frames(tmp_path_factory) -> list[bytes]:
     return [cv2.imencode(".jpg", f)[1].tobytes() for f in frames]
 
 
+def strict(text: str) -> dict:
+    """JSON as a browser's JSON.parse reads it: NaN or Infinity is an error."""
+    def refuse(token: str):
+        raise ValueError(f"{token} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
 def ws_url(url: str) -> str:
     return url.replace("http://", "ws://") + "/v1/stream"
 
@@ -96,12 +103,14 @@ def test_analyze_answers_each_face_as_the_photo_tool_does(server, tmp_path):
     ({"image": ("big.png", b"\x89PNG\r\n\x1a\n" + bytes(600_000), "image/png")}, 413, "at most 524288"),
     ({"photo": ("a.jpg", b"x", "image/jpeg")}, 422, "the multipart form field 'image'"),
     ({"image": ("huge.png", b"", "image/png")}, 413, "8000x6000; at most 40000000 pixels"),  # a few KB
+    ({"image": ("bomb.png", b"", "image/png")}, 413, "far more than 40000000 pixels"),  # Pillow's own limit too
 ])
 def test_bad_images_are_a_4xx_with_a_message_and_the_server_goes_on(server, files, status, message):
-    if "huge.png" in str(files):  # small on disk, 48 megapixels once decoded: refused from its header
-        buffer = io.BytesIO()
-        Image.new("1", (8000, 6000)).save(buffer, "PNG")
-        files = {"image": ("huge.png", buffer.getvalue(), "image/png")}
+    for name, size in (("huge.png", (8000, 6000)), ("bomb.png", (20000, 20000))):
+        if name in str(files):  # small on disk, megapixels once decoded: refused from its header
+            buffer = io.BytesIO()
+            Image.new("1", size).save(buffer, "PNG")
+            files = {"image": (name, buffer.getvalue(), "image/png")}
     reply = httpx.post(f"{server}/v1/analyze", files=files, timeout=60)
     assert reply.status_code == status and message in reply.text
     assert httpx.get(f"{server}/health").status_code == 200
@@ -152,7 +161,7 @@ def test_a_clip_sent_as_png_frames_gives_the_video_tools_rows(server, png_clip, 
         replies = []
         for frame in frames:
             ws.send(frame)
-            replies.append(json.loads(ws.recv(timeout=120)))
+            replies.append(strict(ws.recv(timeout=120)))  # tracked frames' faces have no score: null, not NaN
     out = tmp_path / "rows.csv"
     subprocess.run([sys.executable, "-m", "emonet.apps.video", "--video", str(path), "--weights", "random",
                     "--device", "cpu", "--batch-size", "1", "--csv", str(out), "--no-video"], cwd=ROOT, check=True,
@@ -163,7 +172,9 @@ def test_a_clip_sent_as_png_frames_gives_the_video_tools_rows(server, png_clip, 
     assert len(faces) == len(rows) >= len(frames) - 2
     assert any(r["detected"] == "0" for r in rows) and any(r["detected"] == "1" for r in rows)
     for (frame, face), row in zip(faces, rows):
-        assert (frame, face["face_id"]) == (int(row["frame"]), int(row["face_id"]))
+        assert (frame, face["face_id"], int(face["detected"])) == (int(row["frame"]), int(row["face_id"]),
+                                                                  int(row["detected"]))
+        assert (face["score"] is None) == (row["score"] == "")
         np.testing.assert_allclose(face["box"], [float(row[k]) for k in ("x1", "y1", "x2", "y2")], atol=0.5)
         got = [face["valence"], face["arousal"], *face["probabilities"].values()]
         want = [float(row["valence"]), float(row["arousal"]), *(float(row[f"p_{c}"]) for c in face["probabilities"])]

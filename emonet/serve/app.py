@@ -52,6 +52,7 @@ class ServeConfig:
     max_streams: int = 64                 # streams open at once; the next is refused with a message
     max_image_bytes: int = 20 << 20       # an encoded image or frame, at most
     max_pixels: int = 40_000_000          # a decoded image, at most (a 40-megapixel photo)
+    max_frame_pixels: int = 3840 * 2160   # a stream's frame, at most (4K): a stream holds several at once
     max_batch: int = 64                   # frames per GPU step (every stream's together)
     detect_every: int = 5                 # streams: the detector's period, in frames (as emonet-video's)
     smooth: bool = True                   # streams: temporal smoothing per face (spec §6)
@@ -68,9 +69,11 @@ class BadImage(ValueError):
         self.status = status
 
 
-def check_image(data: bytes, config: ServeConfig) -> bool:
+def check_image(data: bytes, config: ServeConfig, pixels: Optional[int] = None) -> bool:
     """Whether JPEG or PNG bytes can be taken, from their header alone (nothing is decoded): True for a JPEG;
-    :class:`BadImage` saying what is wrong (a small file of huge dimensions is refused here)."""
+    :class:`BadImage` saying what is wrong (a small file of huge dimensions is refused here). ``pixels``: the
+    most taken (default: ``config.max_pixels``)."""
+    pixels = pixels or config.max_pixels
     if len(data) > config.max_image_bytes:
         raise BadImage(f"the image is {len(data)} bytes; at most {config.max_image_bytes} are taken", 413)
     if not (data.startswith(b"\xff\xd8\xff") or data.startswith(b"\x89PNG\r\n\x1a\n")):
@@ -78,17 +81,19 @@ def check_image(data: bytes, config: ServeConfig) -> bool:
     try:
         with Image.open(io.BytesIO(data)) as header:  # reads the header only
             width, height = header.size
+    except Image.DecompressionBombError:  # Pillow's own limit, far over ours: refused as ours would be
+        raise BadImage(f"the image has far more than {pixels} pixels; at most {pixels} are taken", 413) from None
     except (OSError, SyntaxError, ValueError):
         raise BadImage("the image could not be decoded (truncated or corrupt)") from None
-    if width * height > config.max_pixels:
-        raise BadImage(f"the image is {width}x{height}; at most {config.max_pixels} pixels are taken", 413)
+    if width * height > pixels:
+        raise BadImage(f"the image is {width}x{height}; at most {pixels} pixels are taken", 413)
     return data.startswith(b"\xff\xd8\xff")
 
 
-def decode_image(data: bytes, config: ServeConfig) -> np.ndarray:
+def decode_image(data: bytes, config: ServeConfig, pixels: Optional[int] = None) -> np.ndarray:
     """RGB ``(H, W, 3)`` uint8 of JPEG or PNG bytes, decoded on the CPU; :class:`BadImage` saying what is wrong
     (:func:`check_image` first)."""
-    check_image(data, config)
+    check_image(data, config, pixels)
     bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     if bgr is None:
         raise BadImage("the image could not be decoded (truncated or corrupt)")
@@ -135,13 +140,13 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
     # Decoding on the CPU takes memory (up to max_pixels x 3 bytes an image): a few at a time, whoever sends them.
     decoding = asyncio.Semaphore(4)
 
-    async def prepare(data: bytes):
+    async def prepare(data: bytes, pixels: Optional[int] = None):
         """What the loop takes of an upload: JPEG bytes as they are where the GPU decodes them (their header
         checked), else the RGB pixels decoded here."""
-        if jpeg is not None and check_image(data, config):
+        if jpeg is not None and check_image(data, config, pixels):
             return data
         async with decoding:
-            return await asyncio.to_thread(decode_image, data, config)
+            return await asyncio.to_thread(decode_image, data, config, pixels)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -229,7 +234,7 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
         session = loop.open()
         answers: asyncio.Queue = asyncio.Queue(ANSWERS_HELD)
         start = time.perf_counter()
-        sender = asyncio.create_task(_send_answers(socket, answers, start, names, metrics))
+        sender = asyncio.create_task(_send_answers(socket, answers, start, names, metrics, config.idle_seconds))
         index = 0
         try:
             while not sender.done():
@@ -247,10 +252,14 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
                 try:
                     if data is None:
                         raise BadImage("send each frame as one binary message (JPEG or PNG bytes)")
-                    outcome = loop.submit(session, await prepare(data), index, received)
+                    outcome = loop.submit(session, await prepare(data, config.max_frame_pixels), index, received)
                 except BadImage as exc:
                     outcome = exc
-                await answers.put((index, received, outcome))
+                try:  # a client that does not read its answers is not waited for longer than a silent one
+                    await asyncio.wait_for(answers.put((index, received, outcome)), config.idle_seconds)
+                except asyncio.TimeoutError:
+                    await socket.close(code=1008, reason=f"answers unread for {config.idle_seconds:g} s")
+                    break
                 index += 1
         except WebSocketDisconnect:  # the client left mid-stream: its state goes with this call
             pass
@@ -275,7 +284,8 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
     return app
 
 
-async def _send_answers(socket: WebSocket, answers: asyncio.Queue, start: float, names: list, metrics: Metrics) -> None:
+async def _send_answers(socket: WebSocket, answers: asyncio.Queue, start: float, names: list, metrics: Metrics,
+                        timeout: float) -> None:
     """A stream's answers, in its frames' order, each once its frame is read (or dropped, or refused); the
     latencies from reading a frame to sending its answer, the first against the steady state."""
     first, steady = None, deque(maxlen=300)  # the steady state: the median of the last 300 frames answered
@@ -310,4 +320,4 @@ async def _send_answers(socket: WebSocket, answers: asyncio.Queue, start: float,
             reply.update(latency_ms=round(latency, 3), first_latency_ms=round(first, 3),
                          steady_latency_ms=round(statistics.median(steady), 3) if steady else None)
             metrics.latency.labels("stream").observe(latency / 1e3)
-        await socket.send_json(reply)
+        await asyncio.wait_for(socket.send_json(reply), timeout)

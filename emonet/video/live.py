@@ -90,6 +90,7 @@ class LiveLoop:
         self.decode_jpeg = decode_jpeg
         self._on_step, self._on_drop = on_step, on_drop
         self._sessions: list[LiveSession] = []
+        self._in_hand: list[_Waiting] = []  # the frames of the steps in flight (failed if the loop stops)
         self._turn = 0  # where the next step starts taking frames: every stream gets its turn
         self._lock = threading.Condition()
         self._closing = False
@@ -111,11 +112,17 @@ class LiveLoop:
         """Queue the session's next frame: an RGB ``(H, W, 3)`` uint8 array, or JPEG bytes where the loop decodes
         them (:attr:`decode_jpeg`); ``index``: its number in the stream (default: the next). The future gives its
         :class:`LiveResult` (or the exception that failed it)."""
+        if not isinstance(payload, (bytes, bytearray)):
+            payload = np.asarray(payload)
+            if payload.ndim != 3 or payload.shape[2] != 3 or payload.dtype != np.uint8 or min(payload.shape[:2]) < 1:
+                raise ValueError(f"a frame is an RGB (H, W, 3) uint8 image, not {payload.dtype} {payload.shape}")
         future: Future = Future()
         dropped = None
         with self._lock:
             if session.closed or self._closing:
-                raise RuntimeError("the session is closed")
+                raise RuntimeError("the session is closed" if session.closed else "the live loop has stopped")
+            if session.one_shot and session.frames:
+                raise RuntimeError("a one-shot session reads one image")
             index = session.frames if index is None else index
             session.frames = index + 1
             if not session.one_shot and len(session.waiting) >= self.config.max_waiting:
@@ -163,18 +170,25 @@ class LiveLoop:
                 return None if self._closing else []
             taken, room = [], config.max_frames
             start = self._turn % len(sessions)
-            for k in range(len(sessions)):
-                session = sessions[(start + k) % len(sessions)]
-                if not session.waiting or room <= 0:
+            order = sessions[start:] + sessions[:start]
+            last = start - 1
+            for k, session in enumerate(order):
+                if not session.waiting:
                     continue
+                if room <= 0:
+                    break
                 chunk = []
                 while session.waiting and len(chunk) < min(config.chunk, room):
                     chunk.append(session.waiting.popleft())
                 room -= len(chunk)
                 taken.append((session, chunk))
+                last = start + k
+            # The next step starts after the last session taken: with more waiting than a step holds, every
+            # stream gets its turn in order.
+            self._turn = last + 1
+            for session, _ in taken:
                 if session.one_shot:
                     sessions.remove(session)  # its one image is in hand
-            self._turn = start + 1
             if not taken and self._closing:
                 return None
             return taken
@@ -218,6 +232,18 @@ class LiveLoop:
         return out
 
     def _run(self) -> None:
+        try:
+            self._steps()
+        except BaseException as exc:  # noqa: BLE001 - the loop cannot go on: every frame in hand is told so
+            with self._lock:
+                self._closing = True
+                waiting = [w for s in self._sessions for w in s.waiting]
+                for s in self._sessions:
+                    s.waiting.clear()
+            self._fail(waiting + self._in_hand, RuntimeError(f"the live loop stopped: {type(exc).__name__}: {exc}"))
+            raise
+
+    def _steps(self) -> None:
         scheduler = self.scheduler
         previous: Optional[tuple[PendingStep, list, float]] = None
         while True:
@@ -230,13 +256,15 @@ class LiveLoop:
                     previous = None
                 continue
             t0 = time.perf_counter()
+            self._in_hand = [w for _, chunk in taken for w in chunk] + (
+                [w for _, chunk, _ in previous[1] for w in chunk] if previous is not None else [])
             items = []
             try:
                 items = self._frames(taken)
                 queued = scheduler.detect([(s.tracking, frames) for s, _, frames in items]) if items else None
             except Exception as exc:  # noqa: BLE001 - this step's frames fail; the loop goes on
-                self._fail([w for _, chunk, _ in items for w in chunk], exc)
-                queued = None
+                self._fail([w for _, chunk in taken for w in chunk], exc)
+                items, queued = [], None
             settled = None
             if previous is not None:
                 settled = self._settle(*previous)
@@ -279,8 +307,11 @@ class LiveLoop:
                 w.future.set_result(LiveResult(found, frame.shape))
             for frame in frames:
                 frame.pixels = frame.ready = None  # done with: free the GPU copy now
-        if self._on_step is not None:
-            self._on_step(sum(len(i[1]) for i in items), faces, time.perf_counter() - t0)
+        if self._on_step is not None and items:
+            try:
+                self._on_step(sum(len(i[1]) for i in items), faces, time.perf_counter() - t0)
+            except Exception:  # noqa: BLE001 - a figure not recorded is no reason to stop answering
+                pass
 
     @staticmethod
     def _fail(waiting: list[_Waiting], exc: BaseException) -> None:

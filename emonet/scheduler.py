@@ -55,6 +55,7 @@ class QueuedDetection:
     count: int = 0
     standby: bool = False
     whole_only: frozenset = frozenset()
+    standby_wanted: Optional[tuple] = None  # (small,): a standby look the scheduler adds if the detector runs
     step: Optional["QueuedStep"] = field(default=None, repr=False)
 
 
@@ -128,9 +129,15 @@ class Scheduler:
         """Each session decides which frames of its chunk the detector sees; all of them are queued in one call
         and taken one step on (:meth:`~emonet.detection.FaceDetector.advance`: the close look at the candidates
         queued), which waits for the detector's first network but not for the previous step's engine work."""
+        planned = [session.plan_detection(chunk) for session, chunk in items]
+        # A standby look rides along wherever the detector runs in this step anyway, whichever session's frames
+        # make it run (a stream's chunk of one frame seldom has a detection frame of its own).
+        detecting = any(picked for _, picked in planned)
         entries, frames, small = [], [], []
-        for session, chunk in items:
-            entry, picked = session.plan_detection(chunk)
+        for entry, picked in planned:
+            if entry.standby_wanted and detecting:
+                picked.insert(0, (entry.chunk[0], entry.standby_wanted[0]))
+                entry.standby, entry.count = True, entry.count + 1
             entries.append(entry)
             frames += [f for f, _ in picked]
             small += [s for _, s in picked]
@@ -286,10 +293,13 @@ class VideoPipeline:
         picked = [(f, s) for f, s, d in zip(chunk, small, flags) if d]
         # The standby rides with the chunk's other detections; a first frame detected anyway is looked at again
         # only after a loss, not twice in every such chunk.
-        standby = not flags[0] and (known or (self.standby and self.losing and bool(picked)))
-        if standby:
+        if not flags[0] and known:  # looked at again in any case
             picked.insert(0, (chunk[0], relook_small))
-        return QueuedDetection(self, chunk, flags, len(picked), standby, frozenset(whole_only)), picked
+        entry = QueuedDetection(self, chunk, flags, len(picked), not flags[0] and known, frozenset(whole_only))
+        if not flags[0] and not known and self.standby and self.losing:
+            # In standby, where the step's detector runs anyway (the scheduler decides): small faces or not.
+            entry.standby_wanted = (relook_small,)
+        return entry, picked
 
     def take_detections(self, entry: QueuedDetection, boxes: list) -> _Take:
         """The chunk's detections as the tracker will take them; where the chunk before lost a face after this

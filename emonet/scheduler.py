@@ -291,9 +291,8 @@ class VideoPipeline:
             whole_only.discard(chunk[0].index)  # looked at as the look again needs: small faces too
             small[0] = True
         picked = [(f, s) for f, s, d in zip(chunk, small, flags) if d]
-        # The standby rides with the chunk's other detections; a first frame detected anyway is looked at again
-        # only after a loss, not twice in every such chunk.
-        if not flags[0] and known:  # looked at again in any case
+        # A first frame detected anyway is looked at again only after a loss, not twice in every such chunk.
+        if not flags[0] and known:  # a loss known now: looked at again in any case
             picked.insert(0, (chunk[0], relook_small))
         entry = QueuedDetection(self, chunk, flags, len(picked), not flags[0] and known, frozenset(whole_only))
         if not flags[0] and not known and self.standby and self.losing:

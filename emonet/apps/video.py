@@ -58,16 +58,21 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         check_video_name(args.output, args.codec)
     device = select_device(args.device, quiet=True)
-    if device.type == "cpu" and args.batch_size > 8:
-        # Not a smaller default on CPUs: a chunk's tracked frames take the last chunk's landmarks, so the same
-        # command would give other rows on another machine.
-        say(f"note: on a CPU rows come {args.batch_size} frames at a time (--batch-size), each chunk some seconds; "
-            f"--batch-size 8 gives the first rows sooner (and rows that differ slightly: see --help)")
     drawers = Drawers(device) if args.output else None
+
+    def opened():
+        opened_source = open_source(source, config, device, annotated=bool(args.output))
+        if device.type == "cpu" and args.batch_size > 8:  # (said once the video opens: bad input is one line)
+            # Not a smaller default on CPUs: a chunk's tracked frames take the last chunk's landmarks, so the same
+            # command would give other rows on another machine.
+            say(f"note: on a CPU rows come {args.batch_size} frames at a time (--batch-size), each chunk some "
+                f"seconds; --batch-size 8 gives the first rows sooner (and rows that differ slightly: see --help)")
+        return opened_source
+
     stop = StopToken().install()
     try:
         sinks = sinks_for(args.csv, args.jsonl, args.output, drawers, args.landmarks, args.codec)
-        video = VideoInput(lambda: open_source(source, config, device, annotated=bool(args.output)), sinks)
+        video = VideoInput(opened, sinks)
         result = run_video(video, config, stop=stop, startup=startup)
     finally:
         stop.restore()

@@ -90,10 +90,9 @@ def check_image(data: bytes, config: ServeConfig, pixels: Optional[int] = None) 
     return data.startswith(b"\xff\xd8\xff")
 
 
-def decode_image(data: bytes, config: ServeConfig, pixels: Optional[int] = None) -> np.ndarray:
-    """RGB ``(H, W, 3)`` uint8 of JPEG or PNG bytes, decoded on the CPU; :class:`BadImage` saying what is wrong
-    (:func:`check_image` first)."""
-    check_image(data, config, pixels)
+def decode_image(data: bytes) -> np.ndarray:
+    """RGB ``(H, W, 3)`` uint8 of JPEG or PNG bytes :func:`check_image` took, decoded on the CPU;
+    :class:`BadImage` when the data past the header is corrupt."""
     bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     if bgr is None:
         raise BadImage("the image could not be decoded (truncated or corrupt)")
@@ -143,10 +142,10 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
     async def prepare(data: bytes, pixels: Optional[int] = None):
         """What the loop takes of an upload: JPEG bytes as they are where the GPU decodes them (their header
         checked), else the RGB pixels decoded here."""
-        if jpeg is not None and check_image(data, config, pixels):
+        if check_image(data, config, pixels) and jpeg is not None:
             return data
         async with decoding:
-            return await asyncio.to_thread(decode_image, data, config, pixels)
+            return await asyncio.to_thread(decode_image, data)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -77,6 +77,11 @@ class LiveSession:
     frames: int = 0  # submitted so far: the next frame's index
 
 
+def _frames_of(items: list) -> list[_Waiting]:
+    """The frames of a step's items (session, frames waited for, decoded frames)."""
+    return [w for _, waiting, _ in items for w in waiting]
+
+
 class LiveLoop:
     """The GPU loop of every live session (see the module)."""
 
@@ -257,7 +262,7 @@ class LiveLoop:
                 continue
             t0 = time.perf_counter()
             self._in_hand = [w for _, chunk in taken for w in chunk] + (
-                [w for _, chunk, _ in previous[1] for w in chunk] if previous is not None else [])
+                _frames_of(previous[1]) if previous is not None else [])
             items = []
             try:
                 items = self._frames(taken)
@@ -273,7 +278,7 @@ class LiveLoop:
                     launched = scheduler.launch(queued)
                     previous = (launched, items, t0)
                 except Exception as exc:  # noqa: BLE001
-                    self._fail([w for _, chunk, _ in items for w in chunk], exc)
+                    self._fail(_frames_of(items), exc)
                     previous = None
             else:
                 previous = None
@@ -286,7 +291,7 @@ class LiveLoop:
         try:
             return self.scheduler.settle(step), items, t0
         except Exception as exc:  # noqa: BLE001
-            self._fail([w for _, chunk, _ in items for w in chunk], exc)
+            self._fail(_frames_of(items), exc)
             return None
 
     def _answer(self, step: PendingStep, items: list, t0: float) -> None:

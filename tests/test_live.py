@@ -153,3 +153,37 @@ def test_a_loop_that_stops_fails_every_frame_in_hand_and_refuses_more(pipeline, 
     loop._thread.join(timeout=60)
     with pytest.raises(RuntimeError, match="stopped"):
         loop.submit(session, clip[1])
+
+
+def test_encoded_frames_are_decoded_apart_and_give_the_rows_of_their_pixels_a_corrupt_one_said(pipeline, clip):
+    import cv2
+    import torch
+
+    from emonet.video.live import FrameError
+
+    def decode(data: list[bytes]) -> list[torch.Tensor]:  # stands where nvJPEG does on a GPU: a real decoder
+        images = [cv2.imdecode(np.frombuffer(d, np.uint8), cv2.IMREAD_COLOR) for d in data]
+        if any(image is None for image in images):
+            raise ValueError("corrupt JPEG data")
+        return [torch.from_numpy(cv2.cvtColor(image, cv2.COLOR_BGR2RGB)) for image in images]
+
+    encoded = [cv2.imencode(".png", cv2.cvtColor(f, cv2.COLOR_RGB2BGR))[1].tobytes() for f in clip]  # lossless
+    loop = LiveLoop(pipeline, LiveConfig(detect_every=3, chunk=1), decode_jpeg=decode)
+    try:
+        session, bad = loop.open(), loop.open()
+        broken = loop.submit(bad, encoded[0][:200])
+        futures = []
+        for data in encoded:  # one at a time, as the video tool's chunks of one frame
+            futures.append(loop.submit(session, data))
+            futures[-1].result(timeout=300)
+        with pytest.raises(FrameError, match="could not be decoded"):
+            broken.result(timeout=300)
+    finally:
+        loop.close()
+    plain = LiveLoop(pipeline)  # without a decoder: bytes refused at once
+    try:
+        with pytest.raises(ValueError, match="decoded frames only"):
+            plain.submit(plain.open(), encoded[0])
+    finally:
+        plain.close()
+    assert_same([f.result().faces for f in futures], video_rows(pipeline, clip))

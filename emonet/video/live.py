@@ -10,10 +10,13 @@ answered at once. A stream thus gets the same detection cadence, landmark crops,
 
 Bounded whatever the clients send: a session holds at most ``max_waiting`` frames not yet stepped; a newer
 frame pushes the oldest out, and that one is answered as dropped (:data:`DROPPED`), in order with the others.
-JPEG frames can be handed in still encoded, to be decoded on the GPU a step at a time (:mod:`emonet.io.jpeg`).
+JPEG frames can be handed in still encoded, to be decoded on the GPU (:mod:`emonet.io.jpeg`) by a thread of their
+own, every frame that has come in since its last call in one call: the decoder waits for its own work on the GPU,
+which queues behind the engine's, and the loop must not wait with it. A step takes only frames decoded already.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -62,8 +65,15 @@ class LiveResult:
 class _Waiting:
     index: int
     timestamp: float
-    payload: Union[np.ndarray, bytes]
+    payload: Union[np.ndarray, bytes, torch.Tensor, FrameError]  # bytes until the decoding thread has them
     future: Future
+    ready: Optional[torch.cuda.Event] = None  # a decoded tensor's: its decoding done on the GPU
+    decoding: bool = False                    # in the decoding thread's hands now
+
+    @property
+    def encoded(self) -> bool:
+        """Still to be decoded."""
+        return isinstance(self.payload, (bytes, bytearray))
 
 
 @dataclass
@@ -101,6 +111,13 @@ class LiveLoop:
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="emonet-live", daemon=True)
         self._thread.start()
+        self._decoder: Optional[threading.Thread] = None
+        if decode_jpeg is not None:
+            gpu = pipeline.engine.device.type == "cuda"
+            # High priority: its few kernels (colour conversion, the copy to HWC) go as the engine's blocks finish.
+            self._decode_stream = torch.cuda.Stream(pipeline.engine.device, priority=-1) if gpu else None
+            self._decoder = threading.Thread(target=self._decoding, name="emonet-live-decode", daemon=True)
+            self._decoder.start()
 
     # -- clients (any thread) ----------------------------------------------------------------------------
     def open(self, one_shot: bool = False) -> LiveSession:
@@ -121,6 +138,10 @@ class LiveLoop:
             payload = np.asarray(payload)
             if payload.ndim != 3 or payload.shape[2] != 3 or payload.dtype != np.uint8 or min(payload.shape[:2]) < 1:
                 raise ValueError(f"a frame is an RGB (H, W, 3) uint8 image, not {payload.dtype} {payload.shape}")
+        elif self._decoder is None:
+            raise ValueError("this loop takes decoded frames only (it has no JPEG decoder)")
+        elif not self._decoder.is_alive():
+            raise RuntimeError("the live loop's JPEG decoding has stopped")
         future: Future = Future()
         dropped = None
         with self._lock:
@@ -134,7 +155,7 @@ class LiveLoop:
                 dropped = session.waiting.popleft()
             session.waiting.append(_Waiting(index, time.perf_counter() if timestamp is None else timestamp,
                                             payload, future))
-            self._lock.notify()
+            self._lock.notify_all()
         if dropped is not None:
             self._drop(dropped)
         return future
@@ -153,8 +174,10 @@ class LiveLoop:
         """Answer every frame submitted, then stop the loop."""
         with self._lock:
             self._closing = True
-            self._lock.notify()
+            self._lock.notify_all()
         self._thread.join()
+        if self._decoder is not None:
+            self._decoder.join()
 
     # -- the loop -----------------------------------------------------------------------------------------
     def _drop(self, item: _Waiting) -> None:
@@ -168,7 +191,9 @@ class LiveLoop:
         one where ``wait``; None once closing with nothing left."""
         config = self.config
         with self._lock:
-            while wait and not self._closing and not any(s.waiting for s in self._sessions):
+            # A frame is taken once decoded; while closing, the loop waits for those still in the decoder's hands.
+            while wait and not any(s.waiting and not s.waiting[0].encoded for s in self._sessions) and (
+                    not self._closing or any(s.waiting for s in self._sessions)):
                 self._lock.wait()
             sessions = self._sessions
             if not sessions:
@@ -183,8 +208,10 @@ class LiveLoop:
                 if room <= 0:
                     break
                 chunk = []
-                while session.waiting and len(chunk) < min(config.chunk, room):
+                while session.waiting and not session.waiting[0].encoded and len(chunk) < min(config.chunk, room):
                     chunk.append(session.waiting.popleft())
+                if not chunk:
+                    continue
                 room -= len(chunk)
                 taken.append((session, chunk))
                 last = start + k
@@ -194,47 +221,81 @@ class LiveLoop:
             for session, _ in taken:
                 if session.one_shot:
                     sessions.remove(session)  # its one image is in hand
-            if not taken and self._closing:
+            if not taken and self._closing and not any(s.waiting for s in sessions):
                 return None
             return taken
 
     def _frames(self, taken: list[tuple[LiveSession, list[_Waiting]]]) -> list[tuple[LiveSession, list[_Waiting], list[Frame]]]:
-        """The frames of the items taken, JPEG bytes decoded in one call; an item that fails is answered with its
-        error and left out (the rest of its session's chunk goes on)."""
-        encoded = [w for _, chunk in taken for w in chunk if isinstance(w.payload, (bytes, bytearray))]
-        decoded: dict[int, torch.Tensor] = {}
-        if encoded:
-            try:
-                images = self.decode_jpeg([w.payload for w in encoded])
-            except Exception:  # noqa: BLE001 - one corrupt frame fails the batch: each on its own then
-                images = []
-                for w in encoded:
-                    try:
-                        images.append(self.decode_jpeg([w.payload])[0])
-                    except Exception as exc:  # noqa: BLE001 - said to its client
-                        images.append(FrameError(f"the image could not be decoded (truncated or corrupt: {exc})"))
-            decoded = {id(w): image for w, image in zip(encoded, images)}
-            ready = torch.cuda.Event() if self.pipeline.engine.device.type == "cuda" else None
-            if ready is not None:
-                ready.record()
+        """The frames of the items taken; an item whose decoding failed is answered with its error and left out
+        (the rest of its session's chunk goes on)."""
         out = []
         for session, chunk in taken:
             frames, kept = [], []
             for w in chunk:
                 if not w.future.set_running_or_notify_cancel():
                     continue  # its client has gone
-                image = decoded.get(id(w), w.payload)
-                if isinstance(image, Exception):
-                    w.future.set_exception(image)
+                if isinstance(w.payload, Exception):
+                    w.future.set_exception(w.payload)
                     continue
-                if torch.is_tensor(image):
-                    frames.append(Frame(w.index, w.timestamp, None, image, ready))
+                if torch.is_tensor(w.payload) and w.payload.device.type == "cuda":
+                    frames.append(Frame(w.index, w.timestamp, None, w.payload, w.ready))
+                elif torch.is_tensor(w.payload):  # a decoder of the CPU's
+                    frames.append(Frame(w.index, w.timestamp, w.payload.numpy()))
                 else:
-                    frames.append(Frame(w.index, w.timestamp, image))
+                    frames.append(Frame(w.index, w.timestamp, w.payload))
                 kept.append(w)
             if frames:
                 out.append((session, kept, frames))
         return out
+
+    def _decoding(self) -> None:
+        """The decoding thread: every frame still encoded, in one call, until the loop closes."""
+        try:
+            while True:
+                with self._lock:
+                    while True:
+                        batch = [w for s in self._sessions for w in s.waiting if w.encoded and not w.decoding]
+                        if batch or self._closing:
+                            break
+                        self._lock.wait()
+                    if not batch:
+                        return
+                    for w in batch:
+                        w.decoding = True
+                images, ready = self._decode([w.payload for w in batch])
+                with self._lock:
+                    for w, image in zip(batch, images):
+                        w.payload, w.ready, w.decoding = image, ready, False
+                    self._lock.notify_all()
+        except BaseException as exc:  # noqa: BLE001 - nothing encoded can be read now: the loop stops, saying why
+            with self._lock:
+                failed = RuntimeError(f"the JPEG decoding stopped: {type(exc).__name__}: {exc}")
+                for s in self._sessions:
+                    for w in s.waiting:
+                        if w.encoded:
+                            w.payload, w.decoding = failed, False
+                self._lock.notify_all()
+            raise
+
+    def _decode(self, data: list[bytes]) -> tuple[list, Optional[torch.cuda.Event]]:
+        """JPEG bytes decoded in one call (each alone where the batch fails: its error kept), and the event of
+        their decoding on the GPU."""
+        stream = self._decode_stream
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            try:
+                images = self.decode_jpeg(data)
+            except Exception:  # noqa: BLE001 - one corrupt frame fails the batch: each on its own then
+                images = []
+                for one in data:
+                    try:
+                        images.append(self.decode_jpeg([one])[0])
+                    except Exception as exc:  # noqa: BLE001 - said to its client
+                        images.append(FrameError(f"the image could not be decoded (truncated or corrupt: {exc})"))
+            ready = None
+            if stream is not None:
+                ready = torch.cuda.Event()
+                ready.record(stream)
+        return images, ready
 
     def _run(self) -> None:
         try:

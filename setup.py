@@ -44,6 +44,7 @@ setup(
         "emonet-bench = emonet.bench.run:main",
         "emonet-serve = emonet.apps.serve:main",
         "emonet-export = emonet.apps.export:main",
+        "emonet-train = emonet.apps.train:main",
     ]},
     license="MIT (code); the released EmoNet weights are CC BY-NC-ND 4.0",
 )

@@ -1,0 +1,444 @@
+"""The fine-tuning loop: AdamW with a cosine schedule after a warm-up, autocast and gradient clipping on GPUs,
+the evaluation's metrics on the validation set each epoch, the best checkpoint in the released format, a state
+to resume from after an interruption, and ``torchrun`` (DDP) across GPUs.
+
+What trains (``train``): ``head``, the last linear layers; ``emotion``, the emotion branch on the frozen landmark
+network (the paper's way); ``all``, everything. Frozen parts stay in eval mode (their BatchNorm statistics kept).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from .. import __version__
+from ..classes import class_names
+from ..evaluation.datasets import FaceDataset, affectnet, csv_dataset
+from ..evaluation.loop import init_distributed, locate_faces
+from ..evaluation.metrics import evaluate_predictions
+from ..io.atomic import AtomicFile, write_bytes, write_text
+from ..models.emonet import EmoNet
+from ..models.weights import load_model
+from ..provenance import weights_record
+from .data import CropSet, TrainDataError, augment, batches, crop_set, split
+from .objective import objective
+
+MODES = ("head", "emotion", "all")
+DEFAULT_LR = {"head": 1e-3, "emotion": 3e-4, "all": 1e-4}
+EMOTION_BRANCH = ("conv1x1_input_emo_2", "emo_net_2", "emo_fc_2")
+
+
+@dataclass
+class TrainConfig:
+    """What to fine-tune on what, and how (the options of ``emonet-train``)."""
+
+    out_dir: str
+    csv: Optional[str] = None               # a CSV of image, expression, valence, arousal (any target optional)
+    affectnet: Optional[str] = None         # or an AffectNet root: <root>/train_fullpath.pkl (and val_... for --val)
+    root: Optional[str] = None              # the CSV's images' folder (default: the CSV's)
+    val: Optional[str] = None               # a validation CSV; default: AffectNet's val subset, or a split
+    val_fraction: float = 0.1
+    weights: str = "pretrained"             # pretrained, a checkpoint path, or random
+    nclasses: Optional[int] = None          # with random weights (default 8); else read from the checkpoint
+    train: str = "emotion"                  # head | emotion | all
+    epochs: int = 10
+    batch_size: int = 32
+    lr: Optional[float] = None              # default by mode (DEFAULT_LR)
+    weight_decay: float = 0.01
+    warmup: float = 0.05                    # share of the steps the learning rate rises over
+    clip: float = 1.0                       # gradients' norm, at most
+    seed: int = 0
+    augment: bool = True
+    device: Optional[str] = None            # None: cuda:0, else the CPU
+    precision: str = "auto"                 # auto: bf16 (fp16 where not supported) autocast on a GPU; fp32
+    detector: str = "blazeface"
+    resume: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.train not in MODES:
+            raise TrainDataError(f"--train must be one of {', '.join(MODES)}, not {self.train!r}")
+        if (self.csv is None) == (self.affectnet is None):
+            raise TrainDataError("give the training set as --csv FILE or --affectnet ROOT (one of them)")
+        if self.epochs < 1 or self.batch_size < 2:
+            raise TrainDataError("--epochs must be 1 or more and --batch-size 2 or more")
+        if not 0 < self.val_fraction < 1:
+            raise TrainDataError("--val-fraction must be between 0 and 1")
+        if self.precision not in ("auto", "fp32"):
+            raise TrainDataError(f"--precision must be auto or fp32, not {self.precision!r}")
+
+
+@dataclass
+class TrainResult:
+    """Where the run left its files, and the validation metrics before training and at the best epoch."""
+
+    best: Path
+    log: Path
+    before: dict
+    after: dict
+    best_epoch: int
+    epochs_run: int
+    interrupted: bool = False
+    throughput: float = 0.0                 # training crops a second (augmentation included), over the run
+    files: dict = field(default_factory=dict)
+
+
+def trainable(model: EmoNet, mode: str) -> list[torch.nn.Parameter]:
+    """Freeze all but what ``mode`` trains; the parameters that train."""
+    for p in model.parameters():
+        p.requires_grad_(mode == "all")
+    if mode != "all":
+        names = ("emo_fc_2",) if mode == "head" else EMOTION_BRANCH
+        for name in names:
+            for p in getattr(model, name).parameters():
+                p.requires_grad_(True)
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def set_train_mode(model: EmoNet, mode: str) -> None:
+    """Training mode for what trains, eval mode (BatchNorm statistics kept) for the rest. The head's one BatchNorm
+    keeps its statistics when only the head trains: a few thousand faces in small batches would estimate them
+    worse than the data they came from, and the network then reads a face in training as it does afterwards."""
+    model.eval()
+    if mode == "all":
+        model.train()
+    elif mode == "emotion":
+        for name in EMOTION_BRANCH:
+            getattr(model, name).train()
+
+
+@torch.no_grad()
+def head_inputs(model: EmoNet, crops: np.ndarray, device: torch.device, batch: int = 64) -> torch.Tensor:
+    """What the head (``emo_fc_2``) takes for each crop: with only the head training and the crops unchanged
+    from epoch to epoch (no augmentation), the rest of the network runs once and epochs take the head alone."""
+    taken: list[torch.Tensor] = []
+    hook = model.emo_fc_2.register_forward_hook(lambda module, inputs, output: taken.append(inputs[0].float()))
+    try:
+        predict(model, crops, device, batch)
+    finally:
+        hook.remove()
+    return torch.cat(taken)
+
+
+def head_outputs(model: EmoNet, features: torch.Tensor) -> dict:
+    """EmoNet's outputs from the head's inputs (see :func:`head_inputs`)."""
+    out, n = model.emo_fc_2(features), model.n_expression
+    return {"expression": out[:, :n], "valence": out[:, n], "arousal": out[:, n + 1]}
+
+
+def score_of(metrics: dict) -> float:
+    """One number to choose the best epoch by: the mean of ACC and the valence and arousal CCCs present."""
+    parts = [metrics["expression"]["ACC"]] if "expression" in metrics else []
+    parts += [metrics[k]["CCC"] for k in ("valence", "arousal") if k in metrics and math.isfinite(metrics[k]["CCC"])]
+    return float(np.mean(parts)) if parts else float("nan")
+
+
+@torch.no_grad()
+def predict(model: EmoNet, crops: np.ndarray, device: torch.device, batch: int = 64) -> dict:
+    """EmoNet's outputs over cached crops, in fp32 and eval mode (as the photo tool reads a face): expression
+    probabilities, class, valence, arousal."""
+    was = model.training
+    model.eval()
+    probs, val, aro = [], [], []
+    for start in range(0, len(crops), batch):
+        x = torch.from_numpy(np.ascontiguousarray(crops[start:start + batch])).to(device)
+        out = model(x.permute(0, 3, 1, 2).float().div(255.0))
+        probs.append(torch.softmax(out["expression"].float(), 1).cpu())
+        val.append(out["valence"].float().cpu())
+        aro.append(out["arousal"].float().cpu())
+    model.train(was)
+    p = torch.cat(probs).numpy()
+    return {"probabilities": p, "expression": p.argmax(1), "valence": torch.cat(val).numpy(),
+            "arousal": torch.cat(aro).numpy()}
+
+
+def evaluate(model: EmoNet, data: CropSet, device: torch.device) -> tuple[dict, dict]:
+    """The evaluation module's metrics on ``data`` (those of the targets it has), and the predictions."""
+    pred = predict(model, data.crops, device)
+    names = class_names(model.n_expression)
+    has = data.targets()
+    metrics = evaluate_predictions(
+        names, labels=data.labels if has["expression"] else None, predictions=pred["expression"],
+        valence=data.valence if has["valence"] else None, valence_pred=pred["valence"],
+        arousal=data.arousal if has["arousal"] else None, arousal_pred=pred["arousal"])
+    return metrics, pred
+
+
+def predictions_csv(data: CropSet, pred: dict, names: tuple) -> str:
+    """One row per validation face: image, labels, predictions."""
+    out = io.StringIO()
+    w = csv.writer(out)
+    w.writerow(["image", "expression", "valence", "arousal", "pred_expression", "pred_valence", "pred_arousal"])
+    for i, path in enumerate(data.paths):
+        label = names[data.labels[i]] if data.labels[i] >= 0 else ""
+        w.writerow([path, label, "" if np.isnan(data.valence[i]) else f"{data.valence[i]:.6f}",
+                    "" if np.isnan(data.arousal[i]) else f"{data.arousal[i]:.6f}", names[pred["expression"][i]],
+                    f"{pred['valence'][i]:.6f}", f"{pred['arousal'][i]:.6f}"])
+    return out.getvalue()
+
+
+def _flat(metrics: dict) -> dict:
+    row = {}
+    if "expression" in metrics:
+        row["ACC"] = metrics["expression"]["ACC"]
+    for k in ("valence", "arousal"):
+        for m in ("CCC", "PCC", "RMSE", "SAGR"):
+            if k in metrics:
+                row[f"{k}_{m}"] = metrics[k][m]
+    return row
+
+
+def plot_curves(rows: list[dict], path: Path) -> None:
+    """The learning curves (training loss; validation metrics by epoch) as a PNG, written atomically."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [r["epoch"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(epochs, [r["train_loss"] for r in rows], marker="o")
+    left.set(title="training loss", xlabel="epoch")
+    for key in ("ACC", "valence_CCC", "arousal_CCC"):
+        if key in rows[-1]:
+            right.plot(epochs, [r.get(key, np.nan) for r in rows], marker="o", label=key.replace("_", " "))
+    right.set(title="validation", xlabel="epoch", ylim=(min(0, *[r.get("valence_CCC", 0) for r in rows]), 1))
+    right.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    write_bytes(path, buf.getvalue())
+
+
+def _save_state(path: Path, state: dict) -> None:
+    with AtomicFile(path, "wb") as fh:
+        torch.save(state, fh)
+
+
+def _load_sets(config: TrainConfig, n: int, device: torch.device, main: bool) -> tuple[CropSet, CropSet, dict]:
+    """The training and validation crops (made and cached by the main process), and what the data was."""
+    from ..detection import create_detector
+    from ..pipeline import Pipeline
+
+    names = class_names(n)
+    cache = Path(config.out_dir) / "cache"
+    detector = []
+
+    def locate(dataset: FaceDataset):
+        if not detector:
+            detector.append(create_detector(config.detector, device))
+        return locate_faces(dataset, Pipeline(None, detector[0]), progress=config.progress and main)
+
+    def load(dataset: FaceDataset) -> CropSet:
+        return crop_set(dataset, cache, locate, config.detector, progress=config.progress and main)
+
+    if config.affectnet:
+        train_set = load(affectnet(Path(config.affectnet), "train", n, names)[0])
+        val_set = None if config.val else load(affectnet(Path(config.affectnet), "val", n, names)[0])
+        source = {"affectnet": str(Path(config.affectnet).resolve())}
+    else:
+        train_set = load(csv_dataset(Path(config.csv), config.root and Path(config.root), names))
+        val_set = None
+        source = {"csv": str(Path(config.csv).resolve())}
+    if config.val:
+        val_set = load(csv_dataset(Path(config.val), config.root and Path(config.root), names))
+        source["val"] = str(Path(config.val).resolve())
+    if val_set is None:
+        train_idx, val_idx = split(len(train_set), config.val_fraction, config.seed)
+        train_set, val_set = train_set.subset(train_idx), train_set.subset(val_idx)
+        source["val"] = f"{config.val_fraction:g} of the training set, seed {config.seed}"
+    if len(train_set) < 2:
+        raise TrainDataError(f"{len(train_set)} training sample: at least 2 are needed")
+    source.update({"train_samples": len(train_set), "val_samples": len(val_set)})
+    return train_set, val_set, source
+
+
+def train(config: TrainConfig) -> TrainResult:
+    """Fine-tune as ``config`` says; see the module. Under ``torchrun`` every process trains on its share of each
+    batch (DDP) and the first one evaluates and writes."""
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ddp = init_distributed(prefer_cuda=(config.device or "cuda").startswith("cuda"))
+    device_name = config.device
+    if ddp.world > 1 and torch.cuda.is_available() and (config.device or "cuda").startswith("cuda"):
+        device_name = f"cuda:{ddp.local_rank}"
+    try:
+        return _train(config, out, ddp, device_name)
+    finally:
+        if ddp.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> TrainResult:
+    model = load_model(config.weights, config.nclasses, device=device_name)
+    device = next(model.parameters()).device
+    base = weights_record(model.weights_source)
+    names = class_names(model.n_expression)
+    if ddp.main:
+        train_set, val_set, source = _load_sets(config, model.n_expression, device, True)
+    if ddp.world > 1:
+        dist.barrier()  # the main process made the cache; the others read it
+        if not ddp.main:
+            train_set, val_set, source = _load_sets(config, model.n_expression, device, False)
+    torch.manual_seed(config.seed)
+    params = trainable(model, config.train)
+    net = model
+    if ddp.world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    lr = config.lr or DEFAULT_LR[config.train]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay)
+    steps_per_epoch = len(batches(len(train_set), config.batch_size))
+    total = steps_per_epoch * config.epochs
+    warm = max(1, round(config.warmup * total))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))
+    gpu = device.type == "cuda"
+    dtype = None
+    if gpu and config.precision == "auto":
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
+
+    state_path, best_path, log_path = out / "last.state", out / "best.pth", out / "log.csv"
+    rows: list[dict] = []
+    start_epoch, start_step, best_score, best_epoch = 0, 0, -math.inf, 0
+    generator = torch.Generator().manual_seed(config.seed + 1000 * ddp.rank)
+    if config.resume:
+        if not state_path.is_file():
+            raise TrainDataError(f"nothing to resume: {state_path} not found (start without --resume)")
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        scaler.load_state_dict(state["scaler"])
+        generator.set_state(state["generator"])
+        start_epoch, start_step = state["epoch"], state["step"]
+        best_score, best_epoch, rows = state["best_score"], state["best_epoch"], json.loads(state["rows"])
+        before = json.loads(state["before"])
+    else:
+        before, _ = evaluate(model, val_set, device) if ddp.main else ({}, None)
+
+    # Only the head trains on crops that do not change: the rest of the network runs once.
+    features = (head_inputs(model, train_set.crops, device)
+                if config.train == "head" and not config.augment and ddp.world == 1 else None)
+    stop = {"signal": None}
+    previous = {s: signal.signal(s, lambda sig, _f: stop.update(signal=sig)) for s in (signal.SIGINT, signal.SIGTERM)}
+    trained, seconds = 0, 0.0
+    epoch = start_epoch
+    try:
+        for epoch in range(start_epoch, config.epochs):
+            # The epoch's order from the seed and the epoch alone: a resumed run takes the same batches.
+            order = batches(len(train_set), config.batch_size, torch.Generator().manual_seed(config.seed + epoch))
+            losses = []
+            set_train_mode(model, config.train)
+            bar = tqdm(total=len(order), initial=start_step, desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch",
+                       disable=not (config.progress and ddp.main), file=sys.stderr)
+            step = start_step
+            for step in range(start_step, len(order)):
+                if stop["signal"] is not None:
+                    break
+                t0 = time.perf_counter()
+                index = np.sort(np.array_split(order[step], ddp.world)[ddp.rank])
+                if features is None:
+                    x = torch.from_numpy(np.ascontiguousarray(train_set.crops[index])).to(device)
+                    x = x.permute(0, 3, 1, 2).float().div(255.0)
+                    if config.augment:
+                        x = augment(x, generator)
+                labels = torch.from_numpy(train_set.labels[index]).to(device)
+                valence = torch.from_numpy(train_set.valence[index]).to(device)
+                arousal = torch.from_numpy(train_set.arousal[index]).to(device)
+                with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
+                    outputs = net(x) if features is None else head_outputs(model, features[torch.from_numpy(index)])
+                loss, _ = objective(outputs, labels, valence, arousal, generator)
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(params, config.clip)
+                scaler.step(optimizer)
+                scaler.update()
+                schedule.step()
+                losses.append(float(loss.detach()))
+                if gpu:
+                    torch.cuda.synchronize(device)
+                seconds += time.perf_counter() - t0
+                trained += len(index) * ddp.world
+                bar.update(1)
+                bar.set_postfix(loss=f"{np.mean(losses):.3f}")
+            bar.close()
+            if stop["signal"] is not None:
+                start_step = step
+                break
+            start_step = 0
+            if ddp.main:
+                metrics, pred = evaluate(model, val_set, device)
+                row = {"epoch": epoch + 1, "train_loss": float(np.mean(losses)) if losses else float("nan"),
+                       "lr": schedule.get_last_lr()[0], **_flat(metrics)}
+                rows.append(row)
+                score = score_of(metrics)
+                if score > best_score:
+                    best_score, best_epoch = score, epoch + 1
+                    _write_best(model, best_path, pred, val_set, names, config, base, source, metrics, epoch + 1)
+                _write_log(rows, log_path)
+                plot_curves(rows, out / "curves.png")
+                print(_epoch_line(row), file=sys.stderr)
+            if ddp.world > 1:
+                dist.barrier()
+        else:
+            epoch = config.epochs
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    interrupted = stop["signal"] is not None
+    if ddp.main:
+        _save_state(state_path, {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+            "scaler": scaler.state_dict(), "generator": generator.get_state(), "epoch": epoch,
+            "step": start_step if interrupted else 0, "best_score": best_score, "best_epoch": best_epoch,
+            "rows": json.dumps(rows), "before": json.dumps(before)})
+    after = json.loads((out / "best.meta.json").read_text())["metrics"] if best_path.is_file() and ddp.main else {}
+    return TrainResult(best_path, log_path, before, after, best_epoch, len(rows), interrupted,
+                       trained / seconds if seconds else 0.0,
+                       {"state": state_path, "curves": out / "curves.png", "predictions": out / "best.predictions.csv"})
+
+
+def _write_best(model, path, pred, val_set, names, config, base, source, metrics, epoch) -> None:
+    state = {k: v.detach().float().cpu() if v.is_floating_point() else v.detach().cpu()
+             for k, v in model.state_dict().items()}
+    _save_state(path, state)
+    write_text(path.with_name("best.predictions.csv"), predictions_csv(val_set, pred, names))
+    meta = {"emonet_version": __version__, "torch_version": torch.__version__, "base_weights": base,
+            "data": source, "seed": config.seed, "train": config.train, "epoch": epoch,
+            "config": {k: v for k, v in asdict(config).items() if k not in ("progress", "resume")},
+            "metrics": metrics}
+    write_text(path.with_name("best.meta.json"), json.dumps(meta, indent=2, default=float) + "\n")
+
+
+def _write_log(rows: list[dict], path: Path) -> None:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
+    write_text(path, buf.getvalue())
+
+
+def _epoch_line(row: dict) -> str:
+    parts = [f"epoch {row['epoch']}: loss {row['train_loss']:.4f}"]
+    if "ACC" in row:
+        parts.append(f"ACC {row['ACC']:.3f}")
+    for k in ("valence", "arousal"):
+        if f"{k}_CCC" in row:
+            parts.append(f"{k} CCC {row[f'{k}_CCC']:.3f} RMSE {row[f'{k}_RMSE']:.3f}")
+    return ", ".join(parts)

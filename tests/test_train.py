@@ -1,0 +1,112 @@
+"""emonet-train on real faces: a student whose head differs from a fixed teacher's, fine-tuned on the teacher's
+labels, moves towards the teacher; its checkpoint gives the photo tool the numbers of the trainer's evaluation;
+bad input is one line; an interrupted run resumes."""
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from emonet.detection.blazeface import BlazeFaceDetector
+from emonet.engine import Engine, EngineConfig, conditioned_model
+from emonet.engine.check import SAMPLE_PHOTO
+from emonet.pipeline import Pipeline
+from emonet.train import TrainConfig, TrainDataError, augment, train
+from emonet.train.objective import objective
+
+PORTRAITS = sorted((Path(__file__).parent / "data" / "portraits").glob("*.jpg")) + [SAMPLE_PHOTO]
+
+
+def variants(out: Path, per_photo: int = 6, seed: int = 0) -> list[Path]:
+    """Each real photo moved, scaled, turned a little, mirrored or not, its light changed: images of real faces
+    that differ from each other (PNG: the pixels the trainer reads are these)."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for photo in PORTRAITS:
+        image = cv2.imread(str(photo))
+        h, w = image.shape[:2]
+        for k in range(per_photo):
+            m = cv2.getRotationMatrix2D((w / 2, h / 2), rng.uniform(-8, 8), rng.uniform(0.85, 1.15))
+            m[:, 2] += rng.uniform(-0.06, 0.06, 2) * (w, h)
+            moved = cv2.warpAffine(image, m, (w, h), borderMode=cv2.BORDER_REFLECT)
+            moved = np.clip((moved.astype(np.float32) - 128) * rng.uniform(0.7, 1.3) + 128 + rng.uniform(-30, 30),
+                            0, 255).astype(np.uint8)
+            if k % 2:
+                moved = moved[:, ::-1]
+            paths.append(out / f"{photo.stem}_{k}.png")
+            cv2.imwrite(str(paths[-1]), moved)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    return conditioned_model()
+
+
+@pytest.fixture(scope="module")
+def labelled(teacher, tmp_path_factory) -> tuple[Path, Path]:
+    """A CSV of real face images labelled by the teacher (through the tools' own detector and crop), and a
+    student checkpoint: the teacher with its last layers drawn afresh."""
+    root = tmp_path_factory.mktemp("train")
+    paths = variants(root)
+    pipeline = Pipeline(Engine(teacher, "cpu", EngineConfig(warmup=False)), BlazeFaceDetector("cpu"))
+    with open(root / "labels.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["image", "expression", "valence", "arousal"])
+        for path in paths:
+            faces = pipeline([cv2.cvtColor(cv2.imread(str(path)), cv2.COLOR_BGR2RGB)])[0]
+            assert faces, f"no face found in {path.name}"
+            top = faces[0]  # the detector's best-scoring face: the one the trainer takes
+            w.writerow([path.name, top.expression, f"{top.valence:.6f}", f"{top.arousal:.6f}"])
+    student = {k: v.clone() for k, v in teacher.state_dict().items()}
+    # The outputs' layer mixed up: the class logits' rows rolled by three, valence read from minus the
+    # arousal's row and arousal from the valence's (on the teacher's scale, so the learning rate is an
+    # ordinary one).
+    order = [3, 4, 5, 6, 7, 0, 1, 2, 9, 8]
+    sign = torch.tensor([1.0] * 8 + [-1.0, 1.0])
+    for name in ("weight", "bias"):
+        value = student[f"emo_fc_2.3.{name}"][order]
+        student[f"emo_fc_2.3.{name}"] = value * (sign[:, None] if value.ndim == 2 else sign)
+    torch.save(student, root / "student.pth")
+    return root / "labels.csv", root / "student.pth"
+
+
+def read_log(path: Path) -> list[dict]:
+    with open(path, newline="") as fh:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(fh)]
+
+
+def test_a_student_fine_tuned_on_a_teachers_labels_moves_towards_it_and_its_checkpoint_reads_the_same(labelled, tmp_path):
+    labels, student = labelled
+    config = TrainConfig(out_dir=str(tmp_path / "run"), csv=str(labels), weights=str(student), train="head",
+                         epochs=30, batch_size=8, lr=1e-3, val_fraction=0.25, augment=False, device="cpu",
+                         progress=False)
+    result = train(config)
+    before, after = result.before, result.after
+    print(json.dumps({"before": {k: before[k].get("CCC", before[k].get("ACC")) for k in before},
+                      "after": {k: after[k].get("CCC", after[k].get("ACC")) for k in after}}))
+    assert after["valence"]["CCC"] >= before["valence"]["CCC"] + 0.3
+    assert after["arousal"]["CCC"] >= before["arousal"]["CCC"] + 0.3
+    assert after["expression"]["ACC"] >= before["expression"]["ACC"] + 0.2
+    rows = read_log(result.log)
+    assert [r["epoch"] for r in rows] == list(range(1, 31)) and rows[-1]["train_loss"] < rows[0]["train_loss"]
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 1000
+    meta = json.loads((tmp_path / "run" / "best.meta.json").read_text())
+    assert meta["base_weights"]["sha256"] and meta["seed"] == 0 and meta["data"]["val_samples"] == 8
+
+    # The photo tool, given the checkpoint, reads a validation face as the trainer's evaluation did.
+    with open(tmp_path / "run" / "best.predictions.csv", newline="") as fh:
+        row = next(csv.DictReader(fh))
+    out = tmp_path / "photo.json"
+    done = subprocess.run([sys.executable, "-m", "emonet.apps.photo", "--image", row["image"], "--weights",
+                           str(result.best), "--device", "cpu", "--json", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    face = json.loads(out.read_text())["images"][0]["faces"][0]
+    assert face["valence"] == pytest.approx(float(row["pred_valence"]), abs=1e-4)
+    assert face["arousal"] == pytest.approx(float(row["pred_arousal"]), abs=1e-4)
+    assert face["expression"] == row["pred_expression"]

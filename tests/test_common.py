@@ -109,7 +109,7 @@ def test_the_tools_print_help_without_importing_torch():
     import subprocess
     import sys
     code = ("import sys, contextlib, io\n"
-            "for tool in ('photo', 'video', 'evaluate', 'serve', 'export'):\n"
+            "for tool in ('photo', 'video', 'evaluate', 'serve', 'export', 'train'):\n"
             "    module = __import__(f'emonet.apps.{tool}', fromlist=['main'])\n"
             "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
             "        module.main(['--help'])\n"

@@ -110,3 +110,89 @@ def test_a_student_fine_tuned_on_a_teachers_labels_moves_towards_it_and_its_chec
     assert face["valence"] == pytest.approx(float(row["pred_valence"]), abs=1e-4)
     assert face["arousal"] == pytest.approx(float(row["pred_arousal"]), abs=1e-4)
     assert face["expression"] == row["pred_expression"]
+
+
+def run_train(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "emonet.apps.train", "--device", "cpu", "--quiet", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("rows, says", [
+    ([["missing.png", "Happy", "0.1", "0.2"]], "missing or empty"),
+    ([["{img}", "Happy", "1.5", "0.2"]], "valence 1.5 is outside [-1, 1]"),
+    ([["{img}", "Gleeful", "0.1", "0.2"]], "unknown expression 'Gleeful'"),
+    ([["{img}", "9", "0.1", "0.2"]], "expression index 9 outside 0-7"),
+    ([], "no rows"),
+])
+def test_bad_training_sets_are_one_line_and_exit_2(tmp_path, rows, says):
+    image = tmp_path / "face.jpg"
+    image.write_bytes(PORTRAITS[0].read_bytes())
+    with open(tmp_path / "labels.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["image", "expression", "valence", "arousal"])
+        w.writerows([[c.format(img=image.name) for c in row] for row in rows])
+    done = run_train("--csv", str(tmp_path / "labels.csv"), "--weights", "random", "--out", str(tmp_path / "run"))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and done.stderr.startswith("error: ")
+    assert says in done.stderr
+
+
+def test_a_class_count_the_checkpoint_does_not_have_is_refused(labelled, tmp_path):
+    labels, student = labelled
+    done = run_train("--csv", str(labels), "--weights", str(student), "--nclasses", "5", "--out", str(tmp_path))
+    assert done.returncode == 2 and "8-class checkpoint" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_sigterm_saves_a_state_that_resume_finishes_as_an_uninterrupted_run(labelled, tmp_path):
+    import signal
+
+    labels, student = labelled
+    common = ["--csv", str(labels), "--weights", str(student), "--train", "head", "--no-augment",
+              "--batch-size", "4", "--lr", "1e-3", "--val-fraction", "0.25"]
+    whole = run_train(*common, "--epochs", "4", "--out", str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr
+
+    args = [sys.executable, "-m", "emonet.apps.train", "--device", "cpu", "--quiet", *common, "--epochs", "4",
+            "--out", str(tmp_path / "cut")]
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    seen = ""
+    while "epoch 1:" not in seen:  # stopped once an epoch is done
+        line = proc.stderr.readline()
+        assert line, f"the run ended early: {seen}"
+        seen += line
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, seen + rest
+    assert "--resume" in rest and (tmp_path / "cut" / "last.state").is_file()
+    resumed = run_train(*common, "--epochs", "4", "--out", str(tmp_path / "cut"), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    cut, uncut = read_log(tmp_path / "cut" / "log.csv"), read_log(tmp_path / "whole" / "log.csv")
+    assert [list(r) for r in cut] == [list(r) for r in uncut]
+    np.testing.assert_allclose([list(r.values()) for r in cut], [list(r.values()) for r in uncut], rtol=1e-6)
+
+
+def test_augmentation_is_seeded_and_mirrors_shifts_and_recolours_within_range():
+    from emonet.engine.check import real_face_crops
+    x = real_face_crops(4).float().div(255.0)
+    a = augment(x, torch.Generator().manual_seed(3))
+    b = augment(x, torch.Generator().manual_seed(3))
+    c = augment(x, torch.Generator().manual_seed(4))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert a.shape == x.shape and 0 <= float(a.min()) and float(a.max()) <= 1
+    assert float((a - x).abs().mean()) > 0.01  # changed, yet still the face: close to it or its mirror
+    assert min(float((a - x).abs().mean()), float((a - x.flip(-1)).abs().mean())) < 0.2
+
+
+def test_the_objective_is_least_for_the_targets_themselves_and_skips_absent_ones():
+    torch.manual_seed(0)
+    labels, valence, arousal = torch.tensor([0, 1, 2, -1]), torch.tensor([0.5, -0.2, 0.1, float("nan")]), \
+        torch.tensor([0.3, 0.4, -0.6, 0.0])
+    exact = {"expression": torch.nn.functional.one_hot(labels.clamp(min=0), 8).float() * 20,
+             "valence": torch.nan_to_num(valence), "arousal": arousal}
+    loss, terms = objective(exact, labels, valence, arousal)
+    assert float(loss) < 1e-3 and set(terms) == {"ce", "valence_rmse", "valence_pcc", "valence_ccc",
+                                                 "arousal_rmse", "arousal_pcc", "arousal_ccc"}
+    wrong = {k: torch.randn_like(v) for k, v in exact.items()}
+    assert float(objective(wrong, labels, valence, arousal)[0]) > 1.0
+    none, terms = objective(exact, torch.full((4,), -1), torch.full((4,), float("nan")), torch.full((4,), float("nan")))
+    assert float(none) == 0.0 and terms == {}

@@ -196,3 +196,25 @@ def test_the_objective_is_least_for_the_targets_themselves_and_skips_absent_ones
     assert float(objective(wrong, labels, valence, arousal)[0]) > 1.0
     none, terms = objective(exact, torch.full((4,), -1), torch.full((4,), float("nan")), torch.full((4,), float("nan")))
     assert float(none) == 0.0 and terms == {}
+
+
+def test_torchrun_trains_on_two_processes_the_frozen_network_untouched(labelled, tmp_path):
+    import socket
+
+    from emonet.models.weights import read_state_dict
+
+    labels, student = labelled
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                           "127.0.0.1", "--master-port", str(port), "-m", "emonet.apps.train", "--device", "cpu",
+                           "--quiet", "--csv", str(labels), "--weights", str(student), "--train", "head",
+                           "--epochs", "2", "--batch-size", "8", "--val-fraction", "0.25", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, env={**__import__("os").environ,
+                                                                             "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert [r["epoch"] for r in read_log(tmp_path / "log.csv")] == [1, 2]
+    before, after = read_state_dict(student), read_state_dict(tmp_path / "best.pth")
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.startswith("emo_fc_2.") for k in changed)

@@ -56,6 +56,8 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     run.add_argument("--device", help="cuda:N or cpu (default: cuda:0 where there is one)")
     run.add_argument("--precision", choices=["auto", "fp32"], default="auto",
                      help="auto: bf16 (else fp16) autocast on a GPU, fp32 on the CPU; fp32 everywhere")
+    run.add_argument("--cache", metavar="DIR", help="where the face crops are cached (default: OUT/cache); runs on "
+                                                     "the same data may share one")
     run.add_argument("--resume", action="store_true", help="go on from OUT/last.state")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser.parse_args(argv)
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                          val_fraction=args.val_fraction, weights=args.weights, nclasses=args.nclasses,
                          train=args.train, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                          weight_decay=args.weight_decay, seed=args.seed, augment=not args.no_augment,
-                         device=args.device, precision=args.precision, resume=args.resume,
+                         device=args.device, precision=args.precision, cache_dir=args.cache, resume=args.resume,
                          progress=not args.quiet)
     result = train(config)
     if not result.before and not result.after:

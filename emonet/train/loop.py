@@ -64,6 +64,7 @@ class TrainConfig:
     device: Optional[str] = None            # None: cuda:0, else the CPU
     precision: str = "auto"                 # auto: bf16 (fp16 where not supported) autocast on a GPU; fp32
     detector: str = "blazeface"
+    cache_dir: Optional[str] = None         # where the crops are cached (default: OUT/cache); runs may share it
     resume: bool = False
     progress: bool = True
 
@@ -233,7 +234,7 @@ def _load_sets(config: TrainConfig, n: int, device: torch.device, main: bool) ->
     from ..pipeline import Pipeline
 
     names = class_names(n)
-    cache = Path(config.out_dir) / "cache"
+    cache = Path(config.cache_dir) if config.cache_dir else Path(config.out_dir) / "cache"
     detector = []
 
     def locate(dataset: FaceDataset):
@@ -420,7 +421,7 @@ def _write_best(model, path, pred, val_set, names, config, base, source, metrics
     write_text(path.with_name("best.predictions.csv"), predictions_csv(val_set, pred, names))
     meta = {"emonet_version": __version__, "torch_version": torch.__version__, "base_weights": base,
             "data": source, "seed": config.seed, "train": config.train, "epoch": epoch,
-            "config": {k: v for k, v in asdict(config).items() if k not in ("progress", "resume")},
+            "config": {k: v for k, v in asdict(config).items() if k not in ("progress", "resume", "cache_dir")},
             "metrics": metrics}
     write_text(path.with_name("best.meta.json"), json.dumps(meta, indent=2, default=float) + "\n")
 

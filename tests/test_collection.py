@@ -185,3 +185,57 @@ def test_a_video_without_a_face_has_its_frames_and_says_no_face(tmp_path):
     assert row["frames"] == "6" and row["note"] == "no face" and row["error"] == "" and row["untrained"] == "1"
     assert "1 video:" in result.stderr and "1 videos" not in result.stderr and "(1 video)" in result.stderr
     assert json.loads((out / "quiet.summary.json").read_text())["provenance"]["weights"]["untrained"] is True
+
+
+def test_devices_start_a_worker_each_and_give_the_outputs_of_one_process(recordings, single_run, tmp_path):
+    out, _ = single_run
+    common = [c for c in COMMON if c not in ("--device", "cpu")]
+    result = demo_video("--video", recordings, "--out-dir", tmp_path, "--devices", "cpu,cpu", *common,
+                        env=one_thread())
+    assert result.returncode == 1 and "broken.mp4" in result.stderr and "Traceback" not in result.stderr
+    assert "rank 0 (cpu)" in result.stderr and "rank 1 (cpu)" in result.stderr
+    assert "all 2 processes: 30 frames" in result.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
+    for name in names:
+        if name.endswith((".csv", ".json")):
+            assert (tmp_path / name).read_text() == (out / name).read_text(), name
+
+
+def test_devices_refuse_what_is_not_a_device(recordings, tmp_path):
+    for spec, says in (("gpu0", "is not a device"), ("cuda:0,cuda:0", "does not exist here")):
+        result = demo_video("--video", recordings, "--out-dir", tmp_path, "--devices", spec, *COMMON)
+        assert result.returncode == 2 and says in result.stderr and "Traceback" not in result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_ctrl_c_stops_every_worker_cleanly_keeping_the_finished_videos(tmp_path):
+    import signal
+    import time
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name, frames in (("a_short", 6), ("b_short", 6), ("c_long", 400), ("d_long", 400)):
+        make_clip(folder / f"{name}.mp4", frames=frames)
+    out = tmp_path / "out"
+    common = [c for c in COMMON if c not in ("--device", "cpu")]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "demo_video.py"), "--video", str(folder), "--out-dir",
+                             str(out), "--devices", "cpu,cpu", *common], stderr=subprocess.PIPE, text=True,
+                            env=one_thread())
+    seen, finished = "", 0
+    while finished < 2:  # each worker done with its short video: both are in their long one now
+        line = proc.stderr.readline()
+        assert line, f"ended early: {seen}"
+        seen += line
+        finished += "_short.mp4: 6 frames" in line
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, seen + rest
+    assert "Traceback" not in seen + rest and rest.count("interrupted") >= 2
+    for stem in ("a_short", "b_short"):
+        assert (out / f"{stem}.summary.json").is_file() and (out / f"{stem}.png").is_file()
+    assert not (out / "c_long.summary.json").exists() and not (out / "d_long.summary.json").exists()
+    summary = read_csv(out / "summary.csv")
+    assert [r["error"] for r in summary if "long" in r["video"]] == ["not processed (interrupted)"] * 2
+    assert not list(out.glob(".*"))  # nothing half-written

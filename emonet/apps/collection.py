@@ -1,9 +1,12 @@
 """Many videos in one run (``--video DIR|GLOB|FILE ... --out-dir OUT``): per video its rows, summary and
-plot, then ``OUT/summary.csv``; resumable; shared over processes by ``torchrun``.
+plot, then ``OUT/summary.csv``; resumable; shared over the GPUs of a machine (``--devices``) or of several
+(``torchrun``).
 
-The model loads and warms up once per process. Under ``torchrun`` each rank takes its share of the
-videos, balanced by frame count (longest first, each to the least-loaded rank), on GPU ``LOCAL_RANK``;
-rank 0 writes ``summary.csv`` once every rank has finished. The outputs are those of one process.
+The model loads and warms up once per process. Each process takes its share of the videos, balanced by
+frame count (longest first, each to the least-loaded process). With ``--devices`` this process starts one
+worker per device (spawned: CUDA is never touched here) and gathers their results; under ``torchrun`` each
+rank works on GPU ``LOCAL_RANK`` and rank 0 gathers. Either way ``summary.csv`` is written once every
+process has finished, and the outputs are those of one process.
 """
 from __future__ import annotations
 
@@ -12,8 +15,9 @@ import glob
 import json
 import os
 import sys
+import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -156,6 +160,30 @@ class _Distributed:
             dist.destroy_process_group()
 
 
+def parse_devices(spec: Optional[str]) -> list[str]:
+    """``--devices``: ``all`` (every GPU here), or a comma-separated list of ``cuda:N`` and ``cpu`` (a CPU
+    worker each: for trying the workers without GPUs); [] when not given."""
+    if not spec:
+        return []
+    import torch
+
+    count = torch.cuda.device_count()
+    if spec.strip() == "all":
+        if not count:
+            raise InputError("--devices all: no CUDA GPU here (give --devices cpu,cpu to try CPU workers)")
+        return [f"cuda:{i}" for i in range(count)]
+    devices = [d.strip() for d in spec.split(",") if d.strip()]
+    for d in devices:
+        index = d[5:] if d.startswith("cuda:") else None
+        if d != "cpu" and not (index is not None and index.isdigit()):
+            raise InputError(f"--devices: {d!r} is not a device (all, or a list of cuda:N and cpu)")
+        if index is not None and int(index) >= count:
+            raise InputError(f"--devices: {d} does not exist here ({plural(count, 'CUDA GPU')})")
+    if len(set(d for d in devices if d != "cpu")) < len([d for d in devices if d != "cpu"]):
+        raise InputError(f"--devices: a GPU is named twice ({spec})")
+    return devices
+
+
 def run_collection(args: argparse.Namespace, config: VideoConfig) -> int:
     """Process every video given into ``--out-dir``; 0 when all are done, 1 when some failed, 2 on bad input,
     130 when interrupted (Ctrl-C or SIGTERM: the videos finished so far are complete)."""
@@ -164,6 +192,15 @@ def run_collection(args: argparse.Namespace, config: VideoConfig) -> int:
         raise InputError(f"{out_dir}: exists and is not a folder")
     videos = collect_videos(args.video, exclude=out_dir)  # before the folder is made: bad input leaves nothing
     check_writable_dir(out_dir)
+    devices = parse_devices(getattr(args, "devices", None))
+    if len(devices) > 1:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise InputError("--devices starts its own workers: run it without torchrun (torchrun is for several "
+                             "machines)")
+        return _run_workers(args, config, out_dir, videos, devices)
+    if devices:
+        args.device = devices[0]
+        config = replace(config, model=replace(config.model, device=devices[0]))
     dist = _Distributed(args.device)
     try:
         if dist.world > 1 and (args.device is None or args.device.startswith("cuda")):
@@ -177,18 +214,56 @@ def run_collection(args: argparse.Namespace, config: VideoConfig) -> int:
 
 
 def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: list[Path], dist: _Distributed) -> int:
-    err = sys.stderr
-    interactive = err.isatty()
-    startup = StartupClock()
+    plan = _plan(args, out_dir, videos, dist.world)
+    if dist.rank == 0:
+        _say_plan(plan, dist.world)
+    result = _process(args, config, out_dir, plan, dist.rank, dist.world, dist.barrier)
+    results = dist.gather(result)
+    return _finish(args, out_dir, videos, results) if dist.rank == 0 else _exit_code(results)
+
+
+@dataclass
+class _Plan:
+    """Which videos are done already, and each process's share of the rest with their headers."""
+
+    done: list[Path]
+    todo: list[Path]
+    headers: list[tuple[int, Optional[tuple[int, int, int]]]]
+    shares: list[list[int]]
+
+
+@dataclass
+class _Result:
+    """What one process did: its failures, its videos read in part, its frames and when they flowed."""
+
+    errors: dict
+    flow: tuple                # (frames, first, last): wall-clock times of the first and last frame
+    short: bool = False
+    interrupted: bool = False
+
+
+def _plan(args: argparse.Namespace, out_dir: Path, videos: list[Path], world: int) -> _Plan:
     done = [v for v in videos if not args.force and _complete(output_paths(out_dir, v, args.output_videos))]
     todo = [v for v in videos if v not in done]
     headers = [probe(v) for v in todo]
-    counts = [frames for frames, _ in headers]
-    share = shares(counts, dist.world)[dist.rank]
-    mine = [todo[i] for i in share]
-    if dist.rank == 0:
-        print(f"{plural(len(videos), 'video')}: {len(done)} skipped (outputs complete; --force redoes them), "
-              f"{len(todo)} to process" + (f" on {dist.world} processes" if dist.world > 1 else ""), file=err)
+    return _Plan(done, todo, headers, shares([frames for frames, _ in headers], world))
+
+
+def _say_plan(plan: _Plan, world: int) -> None:
+    print(f"{plural(len(plan.done) + len(plan.todo), 'video')}: {len(plan.done)} skipped (outputs complete; --force "
+          f"redoes them), {len(plan.todo)} to process" + (f" on {world} processes" if world > 1 else ""),
+          file=sys.stderr)
+
+
+def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan: _Plan, rank: int, world: int,
+             barrier) -> _Result:
+    """This process's share of the videos (``plan.shares[rank]``), written into ``out_dir``."""
+    err = sys.stderr
+    interactive = err.isatty()
+    startup = StartupClock()
+    share = plan.shares[rank]
+    mine = [plan.todo[i] for i in share]
+    counts = [plan.headers[i][0] for i in share]
     loader = PipelineLoader(config)
     errors: dict[str, str] = {}
     errors_shortfall: dict[str, str] = {}  # videos read only in part: kept, but the run's exit code is 1
@@ -200,7 +275,7 @@ def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: l
     # One decoding process takes the videos one after the other, the next one's first frames decoded and
     # uploaded while this one's last are analysed (it starts now, while the model loads); each video's
     # plot is drawn by a process of its own.
-    if args.decoder == "nvdec" and dist.rank == 0:
+    if args.decoder == "nvdec" and rank == 0:
         print("note: a collection's videos are decoded on the CPU, one after the other (--decoder nvdec: single "
               "videos)", file=err)
     device = select_device(args.device, quiet=True)
@@ -208,14 +283,13 @@ def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: l
     plots = PlotProcess()
     drawers = Drawers(device) if args.output_videos else None
     if drawers is not None and mine:  # all this process's videos, together (a count not known: as long)
-        mine_counts = [counts[i] for i in share]
-        drawers.start(sum(mine_counts) if all(mine_counts) else None)
-    if dist.world > 1:
+        drawers.start(sum(counts) if all(counts) else None)
+    if world > 1:
         # Every process loads and warms up, then all start together: none waits on the others at the end
         # for a start-up it could have overlapped, and their frames/s add up.
         if mine:
-            loader(headers[share[0]][1] or (720, 1280, 3))
-        dist.barrier()
+            loader(plan.headers[share[0]][1] or (720, 1280, 3))
+        barrier()
 
     def inputs():
         for n, (video, source) in enumerate(zip(mine, sources), 1):
@@ -272,41 +346,121 @@ def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: l
         print(f"error: {errors[video]}", file=err)
     wall = time.perf_counter() - wall0
     if mine and loader.pipeline is not None:
-        print(f"rank {dist.rank}: " if dist.world > 1 else "", end="", file=err)
+        where = f"rank {rank} ({args.device or 'cuda:0'}): " if world > 1 else ""
         flowing = (last - first) if first is not None else 0.0
-        print(f"{plural(len(mine) - len(errors), 'video')}, {plural(frames, 'frame')}: {frames / max(flowing, 1e-9):.1f} frames/s from the "
-              f"first frame to the last ({flowing:.2f} s), {frames / max(wall, 1e-9):.1f} frames/s with the model's "
-              f"load and warm-up ({wall:.1f} s)", file=err)
+        print(f"{where}{plural(len(mine) - len(errors), 'video')}, {plural(frames, 'frame')}: "
+              f"{frames / max(flowing, 1e-9):.1f} frames/s from the first frame to the last ({flowing:.2f} s), "
+              f"{frames / max(wall, 1e-9):.1f} frames/s with the model's load and warm-up ({wall:.1f} s)", file=err)
         print(startup.format("first results"), file=err)
-    all_errors: dict[str, str] = {}
-    flows = []
-    short = False
-    for part, flow, partial in dist.gather((errors, (frames, first, last), bool(errors_shortfall))):
-        all_errors.update(part)
-        flows.append(flow)
-        short = short or partial
-    if dist.world > 1 and dist.rank == 0:
-        _report_together(flows)
-    if dist.rank == 0:
-        records = []
-        for video in videos:
-            if str(video) in all_errors:
-                records.append({"video": str(video), "error": all_errors[str(video)]})
-                continue
-            summary = output_paths(out_dir, video, args.output_videos)["summary"]
+    return _Result(errors, (frames, first, last), bool(errors_shortfall), interrupted)
+
+
+def _worker(rank: int, device: str, args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan: _Plan,
+            barrier, results) -> None:
+    """A spawned worker (see :func:`_run_workers`): its share on its device, its :class:`_Result` sent back."""
+    # Its own process group: Ctrl-C at the terminal reaches the parent only, which asks each worker once (a
+    # second signal would stop a worker at once, its video left incomplete).
+    os.setpgid(0, 0)
+    args.device = device
+    config = replace(config, model=replace(config.model, device=device))
+    if device.startswith("cuda"):
+        import torch
+        torch.cuda.set_device(device)  # work placed on "cuda" (graph capture too) goes to this worker's GPU
+
+    def wait_for_all() -> None:
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:  # a worker failed before it: the others go on
+            pass
+
+    try:
+        result = _process(args, config, out_dir, plan, rank, len(plan.shares), wait_for_all)
+    except KeyboardInterrupt:
+        result = _Result({}, (0, None, None), interrupted=True)
+    results.put((rank, result))
+
+
+def _run_workers(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: list[Path],
+                 devices: list[str]) -> int:
+    """One worker per device, spawned from this process (which touches no device), the videos shared by frame
+    count; their results gathered here."""
+    import multiprocessing
+    import signal
+
+    plan = _plan(args, out_dir, videos, len(devices))
+    _say_plan(plan, len(devices))
+    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
+    barrier, queue = ctx.Barrier(len(devices)), ctx.Queue()
+    workers = [ctx.Process(target=_worker, args=(rank, device, args, config, out_dir, plan, barrier, queue),
+                           name=f"emonet-{device}") for rank, device in enumerate(devices)]
+    asked = []
+
+    def forward(signum, frame) -> None:  # each worker asked as the user asked this process
+        asked.append(signum)
+        for w in workers:
+            if w.is_alive():
+                os.kill(w.pid, signal.SIGINT)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    got: dict[int, _Result] = {}
+    try:
+        for w in workers:
+            w.start()
+        while len(got) < len(workers):
             try:
-                records.append(json.loads(summary.read_text()))
-            except (OSError, ValueError):
-                records.append({"video": str(video), "error": "not processed (interrupted)"})
-        names = next((r["class_names"] for r in records if r.get("class_names")), None)
-        if names is None:
-            from ..classes import class_names
-            names = class_names(args.nclasses or 8)
-        write_summary_csv(out_dir / "summary.csv", records, names)
-        failed = sum(1 for r in records if r.get("error"))
-        print(f"summary: {out_dir / 'summary.csv'} ({plural(len(videos) - failed, 'video')}"
-              + (f", {failed} failed" if failed else "") + ")", file=err)
-    return 130 if interrupted else 1 if all_errors or short else 0
+                rank, result = queue.get(timeout=0.5)
+                got[rank] = result
+            except Exception:  # noqa: BLE001 - queue.Empty: see whether a worker died without a word
+                dead = [r for r, w in enumerate(workers) if r not in got and not w.is_alive() and w.exitcode]
+                for rank in dead:
+                    if not barrier.broken:
+                        barrier.abort()
+                    share = [plan.todo[i] for i in plan.shares[rank]]
+                    why = f"the worker on {devices[rank]} stopped (exit code {workers[rank].exitcode})"
+                    print(f"error: {why}", file=sys.stderr)
+                    got[rank] = _Result({str(v): f"{v}: {why}" for v in share}, (0, None, None),
+                                        interrupted=bool(asked))
+        for w in workers:
+            w.join()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return _finish(args, out_dir, videos, [got[r] for r in range(len(workers))])
+
+
+def _exit_code(results: list[_Result]) -> int:
+    if any(r.interrupted for r in results):
+        return 130
+    return 1 if any(r.errors or r.short for r in results) else 0
+
+
+def _finish(args: argparse.Namespace, out_dir: Path, videos: list[Path], results: list[_Result]) -> int:
+    """Every process's results together: the throughput of all, ``summary.csv``, the exit code."""
+    err = sys.stderr
+    all_errors: dict[str, str] = {}
+    for r in results:
+        all_errors.update(r.errors)
+    if len(results) > 1:
+        _report_together([r.flow for r in results])
+    records = []
+    for video in videos:
+        if str(video) in all_errors:
+            records.append({"video": str(video), "error": all_errors[str(video)]})
+            continue
+        summary = output_paths(out_dir, video, args.output_videos)["summary"]
+        try:
+            records.append(json.loads(summary.read_text()))
+        except (OSError, ValueError):
+            records.append({"video": str(video), "error": "not processed (interrupted)"})
+    names = next((r["class_names"] for r in records if r.get("class_names")), None)
+    if names is None:
+        from ..classes import class_names
+        names = class_names(args.nclasses or 8)
+    write_summary_csv(out_dir / "summary.csv", records, names)
+    failed = sum(1 for r in records if r.get("error"))
+    print(f"summary: {out_dir / 'summary.csv'} ({plural(len(videos) - failed, 'video')}"
+          + (f", {failed} failed" if failed else "") + ")", file=err)
+    return _exit_code(results)
 
 
 def _complete(paths: dict[str, Path]) -> bool:

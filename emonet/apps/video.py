@@ -144,7 +144,8 @@ def report(run: "VideoRun", config: "VideoConfig") -> None:
 EXAMPLES = """examples:
   %(prog)s --video clip.mp4 --output annotated.mp4 --csv frames.csv
   %(prog)s --video recordings/ --out-dir results/          # every video: rows, summary, plot; summary.csv
-  torchrun --nproc-per-node 2 %(prog)s --video recordings/ --out-dir results/   # shared over 2 GPUs
+  %(prog)s --video recordings/ --out-dir results/ --devices all  # every GPU here, a worker each
+  torchrun --nnodes 2 --nproc-per-node 8 ... %(prog)s --video recordings/ --out-dir results/   # several machines
   %(prog)s --video clip.mp4 --csv frames.csv --landmarks --start 10 --end 20
   %(prog)s --video clip.mp4 --jsonl frames.jsonl --weights random     # try it without the released weights
   %(prog)s --video 0                                                  # a camera: rows on the terminal
@@ -177,6 +178,9 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                       help="for each video STEM: DIR/STEM.csv (rows), DIR/STEM.summary.json, DIR/STEM.png (plot); "
                            "and DIR/summary.csv, one row per video and face")
     many.add_argument("--output-videos", action="store_true", help="with --out-dir: also DIR/STEM.mp4, annotated")
+    many.add_argument("--devices", metavar="LIST",
+                      help="with --out-dir: every GPU here (all) or a list (cuda:0,cuda:1), a worker each, the "
+                           "videos shared by length")
     many.add_argument("--force", action="store_true",
                       help="with --out-dir: redo videos whose outputs are complete (default: skip them)")
     out.add_argument("--no-video", action="store_true",
@@ -221,8 +225,8 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
             parser.error("with --out-dir every output is named after its video: drop --output, --csv and --jsonl "
                          "(--output-videos adds the annotated videos)")
         return args
-    if args.output_videos or args.force:
-        parser.error("--output-videos and --force go with --out-dir")
+    if args.output_videos or args.force or args.devices:
+        parser.error("--output-videos, --force and --devices go with --out-dir")
     pattern = any(c in args.video[0] for c in "*?[") and not is_stream_url(args.video[0])
     if len(args.video) > 1 or pattern or Path(args.video[0]).is_dir():
         parser.error(f"{' '.join(args.video)}: several videos (or a folder or pattern) need --out-dir DIR")

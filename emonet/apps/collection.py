@@ -165,7 +165,7 @@ def parse_devices(spec: Optional[str]) -> list[str]:
     worker each: for trying the workers without GPUs); [] when not given."""
     if not spec:
         return []
-    import torch
+    import torch  # device_count() asks NVML: CUDA is not initialised here, so workers can be forked
 
     count = torch.cuda.device_count()
     if spec.strip() == "all":
@@ -357,9 +357,15 @@ def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan:
 
 def _worker(rank: int, device: str, args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan: _Plan,
             barrier, results) -> None:
-    """A spawned worker (see :func:`_run_workers`): its share on its device, its :class:`_Result` sent back."""
+    """A forked worker (see :func:`_run_workers`): its share on its device, its :class:`_Result` sent back; then
+    it leaves at once (its device's teardown would only hold the job's end)."""
+    import signal
+
     # Its own process group: Ctrl-C at the terminal reaches the parent only, which asks each worker once (a
-    # second signal would stop a worker at once, its video left incomplete).
+    # second signal would stop a worker at once, its video left incomplete). Until it takes them over, the
+    # signals do what they do in any Python process (not the parent's forwarding, inherited with the fork).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     os.setpgid(0, 0)
     args.device = device
     config = replace(config, model=replace(config.model, device=device))
@@ -373,23 +379,38 @@ def _worker(rank: int, device: str, args: argparse.Namespace, config: VideoConfi
         except threading.BrokenBarrierError:  # a worker failed before it: the others go on
             pass
 
+    code = 0
     try:
-        result = _process(args, config, out_dir, plan, rank, len(plan.shares), wait_for_all)
-    except KeyboardInterrupt:
-        result = _Result({}, (0, None, None), interrupted=True)
-    results.put((rank, result))
+        try:
+            result = _process(args, config, out_dir, plan, rank, len(plan.shares), wait_for_all)
+        except KeyboardInterrupt:
+            result = _Result({}, (0, None, None), interrupted=True)
+        results.put((rank, result))
+        results.close()
+        results.join_thread()  # written through to the parent before this process leaves
+    except BaseException:  # noqa: BLE001 - said on standard error; the parent reports the worker's videos
+        import traceback
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(code)
 
 
 def _run_workers(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: list[Path],
                  devices: list[str]) -> int:
-    """One worker per device, spawned from this process (which touches no device), the videos shared by frame
-    count; their results gathered here."""
+    """One worker per device, forked from this process once the videos are planned, the videos shared by frame
+    count; their results gathered here. Forked, a worker starts with torch and the package imported already
+    (a spawned one, like torchrun's, imports them again: seconds); this process never initialises CUDA
+    (:func:`torch.cuda.device_count` asks NVML), so each worker initialises its own."""
     import multiprocessing
     import signal
+    from queue import Empty
 
     plan = _plan(args, out_dir, videos, len(devices))
     _say_plan(plan, len(devices))
-    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
+    ctx = multiprocessing.get_context("fork")
     barrier, queue = ctx.Barrier(len(devices)), ctx.Queue()
     workers = [ctx.Process(target=_worker, args=(rank, device, args, config, out_dir, plan, barrier, queue),
                            name=f"emonet-{device}") for rank, device in enumerate(devices)]
@@ -410,8 +431,10 @@ def _run_workers(args: argparse.Namespace, config: VideoConfig, out_dir: Path, v
             try:
                 rank, result = queue.get(timeout=0.5)
                 got[rank] = result
-            except Exception:  # noqa: BLE001 - queue.Empty: see whether a worker died without a word
-                dead = [r for r, w in enumerate(workers) if r not in got and not w.is_alive() and w.exitcode]
+            except Empty:  # see whether a worker died without a word
+                dead = [r for r, w in enumerate(workers) if r not in got and not w.is_alive()]
+                if dead and not queue.empty():
+                    continue  # a result sent just before its worker left: read it first
                 for rank in dead:
                     if not barrier.broken:
                         barrier.abort()

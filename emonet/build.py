@@ -7,7 +7,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from .cli import say
+from .log import say
 from .detection import create_detector
 from .engine import PRESETS, Engine, EngineConfig
 from .engine.config import CPU_BF16, CPU_FP32

@@ -16,11 +16,6 @@ class ToolParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def say(message: str) -> None:
-    """One line on standard error: where the library's messages go when no other ``log`` is given."""
-    print(message, file=sys.stderr)
-
-
 def plural(n: int, noun: str, nouns: str = "") -> str:
     """``1 video``, ``2 videos`` (``nouns``: an irregular plural)."""
     return f"{n} {noun if n == 1 else nouns or noun + 's'}"

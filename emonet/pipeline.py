@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 import torch
 
-from .cli import say
+from .log import say
 from .detection import FaceDetector
 from .detection.whole import WholeImageDetector
 from .engine import Engine

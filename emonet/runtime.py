@@ -13,7 +13,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 import torch
 
-from .cli import say
+from .log import say
 
 from .choices import PRECISIONS  # noqa: F401 - re-exported
 _DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

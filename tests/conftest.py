@@ -9,7 +9,11 @@ import numpy as np
 import torch
 
 import emonet
+from emonet.log import install
 from emonet.models import EmoNet
+
+# The library's messages as the tools show them (one line each on standard error), for the tests that read them.
+install()
 
 DATA = Path(__file__).resolve().parent / "data"
 PARITY = DATA / "emonet_parity_compact.pt"

@@ -66,9 +66,11 @@ def run_tool(main: Callable[[], int]) -> int:
     """Run a tool's main: known failures become one 'error: ...' line and their exit code (bad input and
     options 2, an output that could not be written 3, a helper process that died 4), never a traceback."""
     from ..detection import DetectorError
+    from ..log import install
     from ..models.weights import CheckpointError
     from ..runtime import DeviceError
 
+    install()  # the library's messages: one line each on standard error
     try:
         return main()
     except (CheckpointError, DetectorError, DeviceError) as exc:

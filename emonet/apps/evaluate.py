@@ -1,4 +1,6 @@
-"""The evaluation tool (``emonet-eval``, ``test.py``): arguments around :func:`emonet.evaluation.loop.run`."""
+"""The evaluation tool (``emonet-eval``, ``test.py``): its arguments, and the run around the library's
+:mod:`emonet.evaluation` (datasets, prediction, metrics): checks, report lines, the report and predictions
+files."""
 from __future__ import annotations
 
 import argparse
@@ -58,12 +60,128 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
     """``emonet-eval`` / ``test.py``."""
     args = parse_args(argv, prog)
 
-    def evaluate() -> int:
-        from ..evaluation.loop import run  # (torch is imported here, not for --help)
+    return run_tool(lambda: run(args, model_options(args)))  # (torch is imported in run, not for --help)
 
-        return run(args, model_options(args))
 
-    return run_tool(evaluate)
+def run(args: argparse.Namespace, model) -> int:
+    """Build the dataset, check it, predict, score and report; the exit code. ``args``: the evaluation's
+    own options (dataset, outputs, ``--face``, ...); ``model``: weights, device, engine and detector."""
+    import json
+    from dataclasses import replace
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    from ..build import build_detector, build_engine
+    from ..classes import class_names
+    from ..cli import plural
+    from ..evaluation.datasets import DatasetError, affectnet, csv_dataset
+    from ..evaluation.loop import (PUBLISHED, init_distributed, locate_faces, predict, predictions_csv,
+                                   published_table, score)
+    from ..io.atomic import write_text
+    from ..io.images import check_writable_dir
+    from ..pipeline import Pipeline
+    from ..provenance import provenance
+    from ..timing import StartupClock
+
+    startup = StartupClock()
+    # The arguments are checked before the model loads (or downloads).
+    if args.dataset == "affectnet" and not args.root:
+        raise DatasetError("--dataset affectnet needs --root DIR (the folder with <subset>_fullpath.pkl)")
+    if args.dataset == "csv" and not args.csv:
+        raise DatasetError("--dataset csv needs --csv FILE")
+    for given in (args.root, args.csv):
+        if given and not Path(given).exists():
+            raise DatasetError(f"{given}: no such file or folder")
+    for out in (args.report, args.predictions):
+        if out:
+            check_writable_dir(Path(out).parent if str(Path(out).parent) else Path("."))
+    ddp = init_distributed(prefer_cuda=(model.device or "cuda").startswith("cuda"))
+    try:
+        if ddp.world > 1 and torch.cuda.is_available() and (model.device or "cuda").startswith("cuda"):
+            model = replace(model, device=f"cuda:{ddp.local_rank}")
+        quiet = not ddp.main
+        engine = build_engine(model, batch_sizes=(args.batch_size,))
+        startup.mark("model and engine")
+        n_classes = engine.n_expression  # the checkpoint's; load_model refused a disagreeing --nclasses
+        if args.dataset == "affectnet":
+            dataset, counts = affectnet(Path(args.root), args.subset, n_classes, class_names(n_classes))
+        else:
+            dataset, counts = csv_dataset(Path(args.csv), args.root and Path(args.root), class_names(n_classes)), {}
+        missing = dataset.missing()
+        if missing:
+            listing = ", ".join(map(str, missing[:5])) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            if not args.skip_missing:
+                raise DatasetError(f"{len(missing)} of {len(dataset)} images are missing or empty: {listing}; "
+                                   f"fix the paths or pass --skip-missing")
+            if not quiet:
+                print(f"warning: skipping {len(missing)} missing images: {listing}", file=sys.stderr)
+            dataset.drop(missing)
+        counts["missing"] = len(missing)
+
+        pipeline = Pipeline(engine)
+        if any(s.matrix is None for s in dataset.samples):
+            pipeline = Pipeline(engine, build_detector(model, engine))
+            no_face, unreadable = locate_faces(dataset, pipeline, progress=not quiet, rule=args.face)
+            several = sum(1 for s in dataset.samples if (s.faces_found or 0) > 1)
+            counts["several_faces"] = several
+            if several and not quiet:
+                which = {"score": "the one the detector scored highest", "largest": "the largest",
+                         "central": "the one nearest the image's centre"}[args.face]
+                print(f"note: {plural(several, 'image')} held several faces; {which} was scored in each "
+                      f"(--face score|largest|central chooses; a box column names the face; --predictions lists "
+                      f"each image's faces_found and box)", file=sys.stderr)
+            if unreadable and not args.skip_missing:
+                raise DatasetError(f"{len(unreadable)} images could not be read (corrupt or not an image: "
+                                   f"{unreadable[0]}, ...); fix them or pass --skip-missing")
+            if no_face and not args.skip_missing:
+                raise DatasetError(f"no face found in {len(no_face)} images ({no_face[0]}, ...); "
+                                   f"add box columns or pass --skip-missing")
+            dataset.drop(no_face + unreadable)
+            counts["no_face"], counts["unreadable"] = len(no_face), len(unreadable)
+            startup.mark("finding the faces")
+        if not len(dataset):
+            raise DatasetError("no samples left to evaluate")
+        if not dataset.labelled and not args.predictions:
+            raise DatasetError(f"{dataset.name} has no labels to score against (no expression, valence or arousal "
+                               f"values): add them, or give --predictions FILE to write predictions only")
+
+        preds, rate = predict(pipeline, dataset, flip=not args.no_flip, batch_size=args.batch_size,
+                              workers=args.workers, ddp=ddp, progress=not quiet)
+        if not ddp.main:
+            return 0
+        startup.mark("reading every face")
+        metrics = score(dataset, preds)
+        table = published_table(metrics, n_classes if args.dataset == "affectnet" else None)
+        if not dataset.labelled:
+            table = "no labels: predictions only, nothing scored"
+        print(f"\n{dataset.name}: {plural(len(preds.index), 'sample')}, {rate:.1f} images/s on "
+              f"{plural(ddp.world, 'process', 'processes')}{' with flip' if not args.no_flip else ''}\n{table}",
+              file=sys.stderr)
+        if "expression" in metrics:
+            print(f"macro-F1 {metrics['expression']['macro_F1']:.3f}", file=sys.stderr)
+        dropped = {k: v for k, v in counts.items() if k not in ("in_index", "kept", "several_faces") and v}
+        if dropped:  # nothing dropped passes for a whole dataset
+            print(f"dropped {sum(dropped.values())} samples: "
+                  + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in dropped.items())
+                  + f"; scored {plural(len(preds.index), 'sample')}", file=sys.stderr)
+        if engine.untrained:
+            print("note: untrained weights — these metrics are meaningless", file=sys.stderr)
+        print(startup.format("scores"), file=sys.stderr)
+        if args.report:
+            report = {"dataset": dataset.name, "counts": counts, "n": int(len(preds.index)),
+                      "flip": not args.no_flip, **provenance(engine), "untrained": engine.untrained,
+                      "processes": ddp.world,
+                      "images_per_s": rate, "metrics": metrics,
+                      "published": PUBLISHED.get(n_classes) if args.dataset == "affectnet" else None}
+            write_text(args.report, json.dumps(report, indent=2) + "\n")
+        if args.predictions:
+            write_text(args.predictions, predictions_csv(dataset, preds))
+        return 0
+    finally:
+        if ddp.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from typing import Optional
 
 from typing import TYPE_CHECKING
 
-from ..cli import ToolParser, say
+from ..cli import ToolParser
+from ..log import say
 from ..errors import EXIT_CODES
 from ..io.decode_worker import is_stream_url
 from ..io.images import check_writable_dir

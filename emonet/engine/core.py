@@ -19,7 +19,7 @@ from typing import Dict, Optional
 
 import torch
 
-from ..cli import say
+from ..log import say
 from ..models import EmoNet
 from ..runtime import RuntimeConfig
 from . import precompile

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..cli import say
+from ..log import say
 
 
 def available() -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -21,6 +20,7 @@ from typing import Mapping, Optional, Sequence, Union
 import torch
 
 from ..classes import EXPRESSIONS_5, EXPRESSIONS_8
+from ..log import say
 from .emonet import EmoNet
 
 UNTRAINED_LABEL = "untrained weights — predictions are meaningless"  # shown wherever "random" weights run
@@ -88,7 +88,7 @@ def download_weights(weights: Weights, dest_dir: Union[str, Path], progress: boo
 
     dest_dir = Path(dest_dir)
     dest = dest_dir / weights.filename
-    print(f"Downloading {weights.filename} from {weights.url}\n{weights.licence}", file=sys.stderr)
+    say(f"Downloading {weights.filename} from {weights.url}\n{weights.licence}")
     try:
         dest_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -132,8 +132,7 @@ def resolve_pretrained(n_expression: int = 8, download: bool = True) -> Path:
     for path in _candidate_paths(weights):
         if path.is_file():
             if git_blob_sha1(path) != weights.git_blob_sha1:
-                print(f"warning: {path} is not the released {weights.filename} (hash differs); "
-                      f"using it anyway", file=sys.stderr)
+                say(f"warning: {path} is not the released {weights.filename} (hash differs); using it anyway")
             return path
     if not download:
         raise CheckpointError(f"{weights.filename} not found in {local_pretrained_dir()} or {cache_dir()}")

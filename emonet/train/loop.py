@@ -29,6 +29,7 @@ from ..evaluation.datasets import FaceDataset, affectnet, csv_dataset
 from ..evaluation.loop import init_distributed, locate_faces
 from ..evaluation.metrics import evaluate_predictions
 from ..io.atomic import AtomicFile, write_bytes, write_text
+from ..log import say
 from ..models.emonet import EmoNet
 from ..models.weights import load_model
 from ..provenance import weights_record
@@ -399,7 +400,7 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
                     _write_best(model, best_path, pred, val_set, names, config, base, source, metrics, epoch + 1)
                 _write_log(rows, log_path)
                 plot_curves(rows, out / "curves.png")
-                print(_epoch_line(row), file=sys.stderr)
+                say(_epoch_line(row))
             if ddp.world > 1:
                 dist.barrier()
         else:

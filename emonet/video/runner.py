@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from ..build import build_pipeline
-from ..cli import say
+from ..log import say
 from ..drawing.process import DrawnVideo
 from ..engine.graphs import synchronize
 from ..errors import InputError, OutputError
@@ -94,7 +94,7 @@ class PipelineLoader:
             self._thread.join()
             self._thread = None
             for message in self._messages:
-                print(message, file=sys.stderr)
+                say(message)
             self._messages.clear()
             self._holding = False
             if self._error is not None:

@@ -7,13 +7,13 @@ its own, or on NVDEC); frames handed in from Python by :class:`ArraySource`. :fu
 """
 from __future__ import annotations
 
-import sys
 from typing import Iterable, Iterator, Optional, Protocol, Sequence, Union
 
 import numpy as np
 import torch
 
 from ..errors import InputError
+from ..log import say
 from ..io.video import Ending, Frame, VideoReader, VideoSequence
 from .config import VideoConfig
 
@@ -56,7 +56,7 @@ def open_source(spec: Union[str, int], config: VideoConfig, device: Optional[tor
     reader = VideoReader(spec, start=config.start, end=config.end, max_frames=config.max_frames,
                          device=device, keep_host=False, use_nvdec=use_nvdec)
     if config.decoder == "nvdec" and reader.nvdec_refused:
-        print(f"note: {spec} is decoded on the CPU, not by NVDEC: {reader.nvdec_refused}", file=sys.stderr)
+        say(f"note: {spec} is decoded on the CPU, not by NVDEC: {reader.nvdec_refused}")
     return reader
 
 

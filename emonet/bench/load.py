@@ -1,18 +1,23 @@
 """A load generator for ``emonet-serve``: N concurrent WebSocket streams of JPEG frames, each paced by the clock
 as a camera sends them (frame i leaves at i / fps, whatever the answers do). Each frame's answer is checked
 (in order; answered, said dropped, or never answered) and its round trip kept, from the client's send to its
-answer: the latency a user sees. The server's own figure and the GPU step sizes (from ``/metrics``) beside."""
+answer: the latency a user sees. The server's own figure and the GPU step sizes (from ``/metrics``) beside.
+:func:`serve_load_table` runs it at several stream counts (``python -m emonet.bench --serve-load URL``)."""
 from __future__ import annotations
 
 import asyncio
 import json
 import re
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Optional
+from pathlib import Path
+from typing import Optional, Sequence
 
 import numpy as np
+
+from .video import make_clip
 
 
 @dataclass
@@ -112,3 +117,30 @@ def run_load(url: str, frames: list[bytes], streams: int, fps: float = 30.0, sec
     if after[1] > before[1]:
         result.mean_batch = (after[0] - before[0]) / (after[1] - before[1])
     return result
+
+
+def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float = 30.0,
+                     clip: Optional[str] = None) -> str:
+    """The service at ``url`` under each count of concurrent streams (:func:`run_load`), as a
+    Markdown table: the client's round trip first, frames answered, dropped and never answered, the server's
+    latency, GPU step sizes. ``clip``: a video whose frames (as 640x480 JPEG) are sent (default: a made-up clip
+    of a real face)."""
+    import av
+    import cv2
+
+    health = json.loads(urllib.request.urlopen(f"{url}/health", timeout=10).read())
+    with tempfile.TemporaryDirectory(prefix="emonet-load-") as tmp:
+        path = clip or make_clip(Path(tmp) / "clip.mp4", width=640, height=480, frames=30)
+        with av.open(str(path)) as container:
+            frames = [cv2.imencode(".jpg", cv2.resize(f.to_ndarray(format="bgr24"), (640, 480)))[1].tobytes()
+                      for _, f in zip(range(300), container.decode(video=0))]
+    lines = [f"Service: {url}, {health.get('engine')} on {health.get('device')}, JPEG decoded by "
+             f"{health.get('jpeg_decoder', '?')}; 640x480 JPEG frames of {clip or 'a made-up clip of a real face'} "
+             f"({sum(map(len, frames)) // len(frames) // 1024} KB), {fps:g} frames/s a stream paced by the clock, "
+             f"{seconds:g} s each. Round trip: from the client's send to its answer.", "", HEADER]
+    for n in counts:
+        result = run_load(url, frames, n, fps, seconds)
+        lines.append(result.row())
+        if result.errors:
+            lines.append(f"<!-- {n} streams: {len(result.errors)} errors, first: {result.errors[0]} -->")
+    return "\n".join(lines)

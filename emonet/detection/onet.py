@@ -57,5 +57,5 @@ def load_onet(device: Union[str, torch.device], path: Union[str, Path, None] = N
 
 
 def onet_input(crops: torch.Tensor) -> torch.Tensor:
-    """Crops in [-1, 1] (as :func:`~emonet.detection.blazeface.zoomed_crops` makes them) -> ONet's scaling."""
+    """Crops in [-1, 1] (as :func:`~emonet.detection.crops.zoomed_crops` makes them) -> ONet's scaling."""
     return crops * np.float32(127.5 / 128.0)

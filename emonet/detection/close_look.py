@@ -1,0 +1,160 @@
+"""The close look (the verifier): each candidate of the back model scored again, close up.
+
+A face is found in two steps. The 256-px back model proposes candidates over every view of an image from
+CANDIDATE_SCORE; each is then looked at in square crops around it (:mod:`.crops`): by the 128-px front model at
+VERIFY_ZOOMS times the candidate's size (each look: the best detection covering the crop's centre) and by MTCNN's
+ONet (:mod:`.onet`), trained on other data, at ONET_ZOOMS. The score is the mean of the front model's looks and
+ONet's, weighed as one and two. On a GPU the networks after the crops run as one CUDA graph per padded count of
+candidates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from ..engine.graphs import Graphs, capture_graph
+from .crops import close_crops, scale_crops
+from .graph_policy import pad_rows, padded_count, powers_of_two
+from .onet import ONET_SIZE, onet_input
+from .transfer import to_host
+
+if TYPE_CHECKING:
+    from .blazeface import BlazeFaceDetector
+
+# From 0.5 the back model never proposed some faces the close look passes; lower costs more candidates to look
+# at (measured: see docs/PERFORMANCE.md, Face detection).
+CANDIDATE_SCORE = 0.3
+VERIFY_ZOOMS = (1.8, 2.4, 3.0)
+ONET_ZOOMS = (1.0, 1.25)
+# Non-faces stay well under it, held-out ones too, and annotated faces of 40-100 px pass (measured: see
+# docs/PERFORMANCE.md, Face detection).
+DEFAULT_MIN_SCORE = 0.83
+# The networks after the crops (the front model, its decoding, ONet, the scores' mean) run on at most this many
+# candidates at once; on a GPU as one CUDA graph per padded count (eagerly they are some sixty small launches,
+# each paid on the host).
+CLOSE_LOOK_BATCH = 32
+
+
+@dataclass
+class Looking:
+    """A verified detection advanced (see :meth:`.BlazeFaceDetector.advance`): each image's candidates, and their
+    close-look scores on their way back."""
+
+    candidates: list[np.ndarray]
+    host: Optional[torch.Tensor]              # the scores, all candidates' in order (None: no candidate)
+    done: Optional["torch.cuda.Event"] = None  # on a GPU, recorded after their copy
+
+    def scores(self) -> np.ndarray:
+        """The scores, waiting for them if need be."""
+        if self.host is None:
+            return np.zeros(0)
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host.numpy()
+
+
+class CloseLook:
+    """The close look's networks on ``device``: ``front``, the front model's detector (its own graphs off: its
+    network runs inside the close look's), and ``onet``; ``background``: graphs first seen are captured in a
+    thread of their own."""
+
+    def __init__(self, front: "BlazeFaceDetector", onet: torch.nn.Module, device: torch.device,
+                 cuda_graphs: bool, background: bool) -> None:
+        """``cuda_graphs``: on a GPU, the networks after the crops run as CUDA graphs."""
+        self.front, self.onet = front, onet
+        self.device = device
+        self.background = background
+        self._anchors: Optional[torch.Tensor] = None  # the front model's, on the device (see _centre)
+        # padded candidate count -> (CUDA graph, static inputs (front, ONet crops), static scores)
+        self._graphs = Graphs(device, self._capture) if cuda_graphs else None
+
+    def launch(self, images: Sequence[Union[np.ndarray, torch.Tensor]], candidates: list[np.ndarray]) -> Looking:
+        """Queue the candidates' scores, image by image: all images' crops at once, up to CLOSE_LOOK_BATCH
+        candidates a network call, on their way back in one copy."""
+        if not any(len(faces) for faces in candidates):
+            return Looking(candidates, None, None)
+        # ONet's crops as MTCNN makes them, by area: sampled at four times its size, then 4x4 means.
+        front, second = close_crops(images, [faces[:, :4] for faces in candidates],  # scaled by _net
+                                    [(VERIFY_ZOOMS, self.front.size), (ONET_ZOOMS, 4 * ONET_SIZE)], self.device,
+                                    scaled=False)
+        n, a, b = sum(len(faces) for faces in candidates), len(VERIFY_ZOOMS), len(ONET_ZOOMS)
+        scores = []
+        for start in range(0, n, CLOSE_LOOK_BATCH):
+            k = min(CLOSE_LOOK_BATCH, n - start)
+            scores.append(self._scores(front[start * a:(start + k) * a], second[start * b:(start + k) * b], k))
+        return Looking(candidates, *to_host(torch.cat(scores) if len(scores) > 1 else scores[0]))
+
+    def scores(self, images: Sequence[Union[np.ndarray, torch.Tensor]], candidates: list[np.ndarray]) -> np.ndarray:
+        """The candidates' scores (see :meth:`launch`), waited for."""
+        return self.launch(images, candidates).scores()
+
+    def warmup(self, shape: tuple) -> None:
+        """Crops and both networks once on a made-up candidate in a blank image of ``shape`` and, unless in the
+        background mode, every padded count's graph captured."""
+        h, w = shape[:2]
+        self.scores([np.zeros(shape, np.uint8)], [np.array([[w / 4, h / 4, w / 2, h / 2, 1.0]])])
+        if self._graphs is not None and not self.background:
+            for padded in powers_of_two(CLOSE_LOOK_BATCH):
+                self._graphs.get(padded)
+
+    def prepare(self) -> None:
+        """Capture every padded count's graph in the background."""
+        if self._graphs is not None:
+            self._graphs.prepare(powers_of_two(CLOSE_LOOK_BATCH))
+
+    def wait(self) -> None:
+        """Until the graphs being captured in the background are ready."""
+        if self._graphs is not None:
+            self._graphs.wait()
+
+    def _scores(self, front: torch.Tensor, second: torch.Tensor, n: int) -> torch.Tensor:
+        """The scores of ``n`` candidates' crops: on a GPU padded to a power of two, as a CUDA graph when there is
+        one for that count (else the same networks eagerly: the same kernels, the same numbers)."""
+        if self.device.type != "cuda":
+            return self._net(front, second)
+        padded = padded_count(n)
+        entry = self._graphs.get(padded, later=self.background) if self._graphs is not None else None
+        if entry is None:
+            front, second = pad_rows(front, len(VERIFY_ZOOMS) * padded), pad_rows(second, len(ONET_ZOOMS) * padded)
+            return self._net(front, second)[:n]
+        graph, (static_front, static_second), scores = entry
+        static_front[:len(front)].copy_(front)  # rows past them keep earlier (scaled) crops: their scores are not read
+        static_second[:len(second)].copy_(second)
+        graph.replay()
+        return scores[:n].clone()  # the next replay overwrites the static scores
+
+    def _net(self, front: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        """Candidates' scores ``(n,)`` (float64) from their crops (pixels in [0, 255]; scaled here, in place): the
+        mean of the front model's looks (:meth:`_centre`, VERIFY_ZOOMS) and ONet's (ONET_ZOOMS), weighed as one
+        and two."""
+        with torch.inference_mode():
+            front, second = scale_crops(front), scale_crops(second)
+            raw_boxes, raw_scores = self.front.net(front)
+            front = self._centre(raw_boxes, raw_scores).double().reshape(-1, len(VERIFY_ZOOMS)).mean(dim=1)
+            second = self.onet(onet_input(torch.nn.functional.avg_pool2d(second, 4)))
+            return (front + second.double().reshape(-1, len(ONET_ZOOMS)).sum(dim=1)) / (1 + len(ONET_ZOOMS))
+
+    def _capture(self, padded: int, stream: "torch.cuda.Stream", error_mode: str) -> tuple:
+        front = torch.zeros(padded * len(VERIFY_ZOOMS), 3, self.front.size, self.front.size, device=self.device)
+        second = torch.zeros(padded * len(ONET_ZOOMS), 3, 4 * ONET_SIZE, 4 * ONET_SIZE, device=self.device)
+        graph, scores = capture_graph(lambda: self._net(front, second), stream, error_mode)
+        return graph, (front, second), scores
+
+    def _centre(self, raw_boxes: torch.Tensor, raw_scores: torch.Tensor) -> torch.Tensor:
+        """The front model's raw outputs for crops -> per crop the best score of a detection whose box covers the
+        crop's centre: how surely a face fills it, ``(B,)`` on the device (decoded there, nothing copied back)."""
+        net = self.front.net
+        if self._anchors is None:
+            self._anchors = torch.tensor(self.front.anchors, device=self.device)
+        raw_boxes, raw_scores = raw_boxes.float(), raw_scores.float()
+        a = self._anchors
+        xc = raw_boxes[..., 0] / net.x_scale * a[:, 2] + a[:, 0]
+        yc = raw_boxes[..., 1] / net.y_scale * a[:, 3] + a[:, 1]
+        half_w = raw_boxes[..., 2] / net.w_scale * a[:, 2] / 2
+        half_h = raw_boxes[..., 3] / net.h_scale * a[:, 3] / 2
+        covers = ((xc - half_w) < 0.5) & ((xc + half_w) > 0.5) & ((yc - half_h) < 0.5) & ((yc + half_h) > 0.5)
+        p = torch.sigmoid(raw_scores[..., 0].clamp(-net.score_clipping_thresh, net.score_clipping_thresh))
+        return torch.where(covers, p, torch.zeros_like(p)).amax(dim=1)

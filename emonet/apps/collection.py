@@ -24,6 +24,7 @@ from typing import Optional
 from tqdm import tqdm
 
 from ..cli import plural
+from ..distributed import Distributed, join
 from ..errors import InputError
 from ..io.images import check_writable_dir
 from ..results import FrameFaces
@@ -117,49 +118,6 @@ def _report_together(flows: list[tuple[int, Optional[float], Optional[float]]]) 
           f"frame to the last ({seconds:.2f} s)", file=sys.stderr)
 
 
-class _Distributed:
-    """torchrun's rank and world, with a process group (gloo on the CPU, NCCL on GPUs) when there are several."""
-
-    def __init__(self, device: Optional[str]) -> None:
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.group = False
-        if self.world > 1:
-            import torch
-            import torch.distributed as dist
-
-            gpu = device != "cpu" and torch.cuda.is_available()
-            if gpu:  # this rank's GPU is the current one: work placed on "cuda" (graph capture too) goes there
-                torch.cuda.set_device(self.local_rank)
-            dist.init_process_group("nccl" if gpu else "gloo",
-                                    device_id=torch.device(f"cuda:{self.local_rank}") if gpu else None)
-            self.group = True
-
-    def gather(self, value) -> list:
-        """Every rank's ``value``, on every rank."""
-        if not self.group:
-            return [value]
-        import torch.distributed as dist
-
-        out = [None] * self.world
-        dist.all_gather_object(out, value)
-        return out
-
-    def barrier(self) -> None:
-        """Wait until every process is here."""
-        if self.group:
-            import torch.distributed as dist
-
-            dist.barrier()
-
-    def close(self) -> None:
-        if self.group:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-
-
 def parse_devices(spec: Optional[str]) -> list[str]:
     """``--devices``: ``all`` (every GPU here), or a comma-separated list of ``cuda:N`` and ``cpu`` (a CPU
     worker each: for trying the workers without GPUs); [] when not given."""
@@ -201,19 +159,17 @@ def run_collection(args: argparse.Namespace, config: VideoConfig) -> int:
     if devices:
         args.device = devices[0]
         config = replace(config, model=replace(config.model, device=devices[0]))
-    dist = _Distributed(args.device)
+    dist = join(args.device)
     try:
-        if dist.world > 1 and (args.device is None or args.device.startswith("cuda")):
-            import torch
-            if torch.cuda.is_available():
-                args.device = f"cuda:{dist.local_rank}"
-                config = replace(config, model=replace(config.model, device=args.device))
+        if dist.device(args.device) != args.device:
+            args.device = dist.device(args.device)
+            config = replace(config, model=replace(config.model, device=args.device))
         return _run(args, config, out_dir, videos, dist)
     finally:
         dist.close()
 
 
-def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: list[Path], dist: _Distributed) -> int:
+def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: list[Path], dist: Distributed) -> int:
     plan = _plan(args, out_dir, videos, dist.world)
     if dist.rank == 0:
         _say_plan(plan, dist.world)

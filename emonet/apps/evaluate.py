@@ -70,15 +70,12 @@ def run(args: argparse.Namespace, model) -> int:
     from dataclasses import replace
     from pathlib import Path
 
-    import torch
-    import torch.distributed as dist
-
     from ..build import build_detector, build_engine
     from ..classes import class_names
     from ..cli import plural
     from ..evaluation.datasets import DatasetError, affectnet, csv_dataset
-    from ..evaluation.loop import (PUBLISHED, init_distributed, locate_faces, predict, predictions_csv,
-                                   published_table, score)
+    from ..distributed import join
+    from ..evaluation.loop import PUBLISHED, locate_faces, predict, predictions_csv, published_table, score
     from ..io.atomic import write_text
     from ..io.images import check_writable_dir
     from ..pipeline import Pipeline
@@ -97,10 +94,9 @@ def run(args: argparse.Namespace, model) -> int:
     for out in (args.report, args.predictions):
         if out:
             check_writable_dir(Path(out).parent if str(Path(out).parent) else Path("."))
-    ddp = init_distributed(prefer_cuda=(model.device or "cuda").startswith("cuda"))
+    ddp = join(model.device)
     try:
-        if ddp.world > 1 and torch.cuda.is_available() and (model.device or "cuda").startswith("cuda"):
-            model = replace(model, device=f"cuda:{ddp.local_rank}")
+        model = replace(model, device=ddp.device(model.device))
         quiet = not ddp.main
         engine = build_engine(model, batch_sizes=(args.batch_size,))
         startup.mark("model and engine")
@@ -180,8 +176,7 @@ def run(args: argparse.Namespace, model) -> int:
             write_text(args.predictions, predictions_csv(dataset, preds))
         return 0
     finally:
-        if ddp.world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        ddp.close()
 
 
 if __name__ == "__main__":

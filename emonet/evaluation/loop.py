@@ -8,20 +8,18 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import sys
 import time
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
 from .datasets import FaceDataset
+from ..distributed import Distributed
 from ..pipeline import Pipeline, PlannedFace
 from ..results import FaceResult
 from ..errors import InputError
@@ -34,32 +32,6 @@ PUBLISHED = {  # spec §8, cleaned AffectNet test set
     5: {"ACC": 0.82, "valence": {"CCC": 0.90, "PCC": 0.90, "RMSE": 0.24, "SAGR": 0.85},
         "arousal": {"CCC": 0.80, "PCC": 0.80, "RMSE": 0.24, "SAGR": 0.79}},
 }
-
-
-@dataclass
-class Distributed:
-    """This process's place in a torchrun job (world 1 when run plainly)."""
-
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @property
-    def main(self) -> bool:
-        """True on the process that reports."""
-        return self.rank == 0
-
-
-def init_distributed(prefer_cuda: bool) -> Distributed:
-    """Join the torchrun job if there is one: NCCL on GPUs, gloo on the CPU."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return Distributed()
-    backend = "nccl" if prefer_cuda and torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=backend)
-    return Distributed(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
 @dataclass
@@ -101,8 +73,7 @@ def predict(pipeline: Pipeline, dataset: FaceDataset, flip: bool = True, batch_s
              "probabilities": np.array([r.probabilities for r in results]).reshape(len(results), -1),
              "valence": np.array([r.valence for r in results]), "arousal": np.array([r.arousal for r in results])}
     if ddp.world > 1:
-        gathered: list = [None] * ddp.world
-        dist.all_gather_object(gathered, local)
+        gathered = ddp.gather(local)
         local = {k: np.concatenate([g[k] for g in gathered if len(g[k])]) for k in local}
     elapsed = time.perf_counter() - start
     # The sampler pads the last shard by repeating samples: keep each index exactly once.

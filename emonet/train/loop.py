@@ -20,13 +20,13 @@ from typing import Optional
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from .. import __version__
 from ..classes import class_names
 from ..evaluation.datasets import FaceDataset, affectnet, csv_dataset
-from ..evaluation.loop import init_distributed, locate_faces
+from ..distributed import join
+from ..evaluation.loop import locate_faces
 from ..evaluation.metrics import evaluate_predictions
 from ..io.atomic import AtomicFile, write_bytes, write_text
 from ..log import say
@@ -273,15 +273,11 @@ def train(config: TrainConfig) -> TrainResult:
     batch (DDP) and the first one evaluates and writes."""
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ddp = init_distributed(prefer_cuda=(config.device or "cuda").startswith("cuda"))
-    device_name = config.device
-    if ddp.world > 1 and torch.cuda.is_available() and (config.device or "cuda").startswith("cuda"):
-        device_name = f"cuda:{ddp.local_rank}"
+    ddp = join(config.device)
     try:
-        return _train(config, out, ddp, device_name)
+        return _train(config, out, ddp, ddp.device(config.device))
     finally:
-        if ddp.world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        ddp.close()
 
 
 def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> TrainResult:
@@ -292,7 +288,7 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
     if ddp.main:
         train_set, val_set, source = _load_sets(config, model.n_expression, device, True)
     if ddp.world > 1:
-        dist.barrier()  # the main process made the cache; the others read it
+        ddp.barrier()  # the main process made the cache; the others read it
         if not ddp.main:
             train_set, val_set, source = _load_sets(config, model.n_expression, device, False)
     torch.manual_seed(config.seed)
@@ -401,8 +397,7 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
                 _write_log(rows, log_path)
                 plot_curves(rows, out / "curves.png")
                 say(_epoch_line(row))
-            if ddp.world > 1:
-                dist.barrier()
+            ddp.barrier()
         else:
             epoch = config.epochs
     finally:

@@ -10,19 +10,17 @@ candidates.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 from ..engine.graphs import Graphs, capture_graph
+from .base import FaceDetector
 from .crops import close_crops, scale_crops
 from .graph_policy import pad_rows, padded_count, powers_of_two
 from .onet import ONET_SIZE, onet_input
 from .transfer import to_host
-
-if TYPE_CHECKING:
-    from .blazeface import BlazeFaceDetector
 
 # From 0.5 the back model never proposed some faces the close look passes; lower costs more candidates to look
 # at (measured: see docs/PERFORMANCE.md, Face detection).
@@ -61,7 +59,7 @@ class CloseLook:
     network runs inside the close look's), and ``onet``; ``background``: graphs first seen are captured in a
     thread of their own."""
 
-    def __init__(self, front: "BlazeFaceDetector", onet: torch.nn.Module, device: torch.device,
+    def __init__(self, front: FaceDetector, onet: torch.nn.Module, device: torch.device,
                  cuda_graphs: bool, background: bool) -> None:
         """``cuda_graphs``: on a GPU, the networks after the crops run as CUDA graphs."""
         self.front, self.onet = front, onet

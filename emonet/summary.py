@@ -6,8 +6,6 @@ import csv
 import io
 import json
 import os
-import queue
-import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -17,7 +15,7 @@ from typing import Iterable, Optional, Sequence, Union
 import numpy as np
 
 from .io import ipc
-from .io.helper import died, start_helper
+from .io.helper import HelperClient, start_helper
 from .io.atomic import write_bytes, write_text
 from .results import FaceResult
 
@@ -158,37 +156,22 @@ class PlotProcess:
     """
 
     def __init__(self) -> None:
-        self._proc: Optional[subprocess.Popen] = None
-        self._reader: Optional[threading.Thread] = None
-        self._sender: Optional[threading.Thread] = None
-        self._queue: "queue.Queue[Optional[tuple[VideoSummary, str]]]" = queue.Queue()
+        self._helper: Optional[HelperClient] = None
         self._failed: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def submit(self, summary: VideoSummary, path: Union[str, Path]) -> None:
         """Plot ``summary`` into ``path`` (atomically, as :meth:`VideoSummary.plot`); ``summary`` must not
         change afterwards."""
-        if self._proc is None:
-            self._proc = start_helper("emonet.summary:serve_plots")
-            self._reader = threading.Thread(target=self._listen, name="emonet-plots", daemon=True)
-            self._reader.start()
-            self._sender = threading.Thread(target=self._send, name="emonet-plots-send", daemon=True)
-            self._sender.start()
+        if self._helper is None:
+            # A plot not handed over (the process had ended) fails with the process's reason.
+            self._helper = HelperClient("plotting", start_helper("emonet.summary:serve_plots"),
+                                        {"error": self._fail}, thread="emonet-plots",
+                                        unsent=lambda item, why: self._fail(item[1], why))
+            self._helper.start()
         # Sent from a thread: a summary larger than the pipe's buffer would otherwise wait here until the
         # process has finished the plot before (a tenth of a second or more).
-        self._queue.put((summary, str(path)))
-
-    def _send(self) -> None:
-        while (item := self._queue.get()) is not None:
-            try:
-                ipc.send(self._proc.stdin, item)
-            except (BrokenPipeError, OSError):
-                self._fail(item[1], died("plotting", self._proc))
-
-    def _listen(self) -> None:
-        for kind, path, message in ipc.messages(self._proc.stdout):
-            if kind == "error":
-                self._fail(path, message)
+        self._helper.send((summary, str(path)))
 
     def _fail(self, path: str, message: str) -> None:
         with self._lock:
@@ -196,17 +179,11 @@ class PlotProcess:
 
     def wait(self) -> dict[str, str]:
         """Let every plot handed over be written; ``{path: why}`` for those that failed."""
-        if self._proc is not None:
-            self._queue.put(None)
-            self._sender.join()
-            try:
-                self._proc.stdin.close()
-            except OSError:
-                pass
-            self._reader.join()
-            if self._proc.wait() != 0:
-                self._fail("", died("plotting", self._proc))
-            self._proc = None
+        if self._helper is not None:
+            failure = self._helper.close()  # the process died, or exited with an error
+            if failure is not None:
+                self._fail("", failure)
+            self._helper = None
         return dict(self._failed)
 
 

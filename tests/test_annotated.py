@@ -64,7 +64,7 @@ def test_chunks_larger_than_the_ring_and_wrapping_round_it_keep_every_frame_in_o
 
 def test_no_frame_leaves_no_file_and_bad_names_and_sizes_are_refused(tmp_path):
     writer = AnnotatedVideoWriter(tmp_path / "a.mp4", 25.0)
-    encoder = writer._proc  # started at once: its start-up runs while the first frames are analysed
+    encoder = writer._helper.proc  # started at once: its start-up runs while the first frames are analysed
     assert writer.close() is None and encoder.poll() is not None  # no frame: nothing kept, nothing left running
     assert not list(tmp_path.iterdir())
     with pytest.raises(InputError, match=".mp4"):
@@ -95,7 +95,7 @@ def test_a_ring_made_ahead_takes_the_frames_of_its_size_or_gives_way_to_theirs(t
         assert all(abs(m - (40 + 30 * i)) <= 3 for i, m in enumerate(means))
     writer = AnnotatedVideoWriter(tmp_path / "none.mp4", 25.0)
     writer.prepare(SIZE, "cpu")
-    encoder = writer._proc
+    encoder = writer._helper.proc
     assert writer.close() is None and encoder.poll() is not None  # made ahead, no frame: nothing kept or left
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.mp4", "same.mp4"] and shm_rings() == before
 
@@ -121,7 +121,7 @@ def test_an_encoder_started_ahead_encodes_the_video_and_the_next_one_waits_for_i
         AnnotatedVideoWriter(tmp_path / "a.gif", 25.0, spare=spare)
     assert spare._proc is first and first.poll() is None
     writer = AnnotatedVideoWriter(tmp_path / "a.mp4", 25.0, spare=spare)
-    assert writer._proc is first
+    assert writer._helper.proc is first
     second = spare._proc  # started by taking the first, for the next video
     assert second is not first
     writer.put(range(3), torch.stack([i420(60)] * 3), SIZE)

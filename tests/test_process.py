@@ -99,8 +99,8 @@ def test_frames_of_another_size_are_resized_to_the_first(drawing, tmp_path):
 def test_a_drawing_process_that_ends_is_one_clear_error(process, tmp_path):
     video = process.open(tmp_path / "a.mp4", 25.0, NAMES)
     process.put(video, frames(4), list(range(4)), *chunk_faces(4))
-    process._proc.kill()
-    process._proc.wait()
+    process._helper.proc.kill()
+    process._helper.proc.wait()
     with pytest.raises(HelperError, match="^writing the annotated video failed: the drawing process ended"):
         for start in range(4, 400, 4):  # the end is seen once the listener reads it
             process.put(video, frames(4, start), list(range(start, start + 4)), *chunk_faces(4))

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import pickle
 import resource
-import queue
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +20,7 @@ import torch
 from ..io import ipc
 from ..io.annotated import AnnotatedVideoWriter
 from ..io.encode_worker import WORKER_ENV, Spare
-from ..io.helper import died, start_helper
+from ..io.helper import HelperClient, start_helper
 from ..errors import HelperError, OutputError
 from .canvas import VideoCanvas
 from .marks import Planner, coded_size
@@ -125,68 +123,37 @@ class DrawingProcess:
 
     def __init__(self, device: Union[str, torch.device]) -> None:
         self.device = torch.device(device)
-        self._proc = start_helper("emonet.drawing.worker:main", str(self.device), env=WORKER_ENV)
-        self._state = threading.Condition()
         self._ready: Optional[list] = None
         self._busy = [False] * SLOTS  # per ring slot: handed to the drawing process, not yet drawn
         self._next = 0
         self._errors: dict[int, str] = {}      # per video
         self._closed: dict[int, dict] = {}     # per video, its report
         self._videos = 0
-        self._died: Optional[str] = None
-        self._ended = self._closing = False
         self._events: list = []          # the drawing process's "slot read" events (GPU)
         self._copied: list = []          # this process's "slot copied" events (GPU)
         self._ring: Optional[torch.Tensor] = None
         self._in_flight = 0  # chunks sent, not yet drawn
         self.wait_seconds = 0.0
-        # Messages are written by a thread: a chunk's message is larger than a pipe holds, and the main
-        # thread would otherwise wait for the drawing process to read it, which it does once the chunk
-        # before is drawn.
-        self._outbox: "queue.Queue[Optional[bytes]]" = queue.Queue()
-        self._writer = threading.Thread(target=self._write, name="emonet-drawing-send", daemon=True)
-        self._writer.start()
-        self._listener = threading.Thread(target=self._listen, name="emonet-drawing", daemon=True)
-        self._listener.start()
+        self._helper = HelperClient(
+            "drawing", start_helper("emonet.drawing.worker:main", str(self.device), env=WORKER_ENV),
+            {"ready": self._on_ready, "done": self._on_done, "error": self._on_error, "closed": self._on_closed},
+            thread="emonet-drawing")
+        self._state = self._helper.state  # held by the handlers below
+        self._helper.start()
 
-    def _write(self) -> None:
-        broken = False
-        while True:
-            data = self._outbox.get()
-            if data is None:
-                break
-            if not broken:
-                try:
-                    self._proc.stdin.write(data)
-                    self._proc.stdin.flush()
-                except (BrokenPipeError, OSError):  # it has ended: the listener says why
-                    broken = True
-        try:
-            self._proc.stdin.close()
-        except OSError:
-            pass
+    def _on_ready(self, events: Optional[list]) -> None:
+        self._ready = events or []
 
-    def _listen(self) -> None:
-        for message in ipc.messages(self._proc.stdout):
-            with self._state:
-                kind = message[0]
-                if kind == "ready":
-                    self._ready = message[1] or []
-                elif kind == "done":
-                    self._in_flight -= 1
-                    if message[1] is not None:
-                        self._busy[message[1]] = False
-                elif kind == "error":
-                    self._errors.setdefault(message[1], message[2])
-                elif kind == "closed":
-                    self._closed[message[1]] = message[2]
-                self._state.notify_all()
-        why = died("drawing", self._proc)
-        with self._state:
-            self._ended = True
-            if not self._closing:
-                self._died = why
-            self._state.notify_all()
+    def _on_done(self, slot: Optional[int]) -> None:
+        self._in_flight -= 1
+        if slot is not None:
+            self._busy[slot] = False
+
+    def _on_error(self, video: int, message: str) -> None:
+        self._errors.setdefault(video, message)
+
+    def _on_closed(self, video: int, report: dict) -> None:
+        self._closed[video] = report
 
     def _send(self, message, shared: bool = False) -> None:
         """Queue one message (as :func:`emonet.io.ipc.send` writes it); ``shared``: CUDA tensors in it cross
@@ -199,17 +166,17 @@ class DrawingProcess:
             reductions.init_reductions()
             data = ipc.frame(message, bytes(ForkingPickler.dumps(message, pickle.HIGHEST_PROTOCOL)))
         else:
-            data = ipc.frame(message)
+            data = ipc.frame(message)  # pickled now: a CPU chunk's arrays are the caller's frames
         if message[0] == "chunk":
             with self._state:
                 self._in_flight += 1
-        self._outbox.put(data)
+        self._helper.send_framed(data)
 
     def _wait(self, done) -> None:
         """Wait (counted in ``wait_seconds``) until ``done()`` or the process has ended."""
         t0 = time.perf_counter()
         with self._state:
-            while not done() and not self._ended:
+            while not done() and not self._helper.ended:
                 self._state.wait(timeout=0.5)
         self.wait_seconds += time.perf_counter() - t0
 
@@ -218,8 +185,8 @@ class DrawingProcess:
         error = self._errors.get(video)
         if error is not None:
             raise _failure(error)
-        if self._died is not None:
-            raise _failure(self._died, died=True)
+        if self._helper.failure is not None:  # its only failure: it ended
+            raise _failure(self._helper.failure, died=True)
 
     def open(self, path: Union[str, Path], fps: float, class_names: Sequence[str], banner: Optional[str] = None,
              codec: str = "h264", frame: Optional[tuple[int, int]] = None) -> int:
@@ -305,12 +272,7 @@ class DrawingProcess:
 
     def close(self, now: bool = False) -> None:
         """End the process (an open video is finished first); ``now``: at once, not used (still starting)."""
-        self._closing = True
-        if now:
-            self._proc.kill()
-        self._outbox.put(None)
-        self._writer.join()
-        self._listener.join()
+        self._helper.close(kill=now)
         self._ring = None
         self._events = self._copied = []
 

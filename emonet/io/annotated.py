@@ -10,8 +10,6 @@ encoding processes, each a segment of the video, kept up worse than one: docs/PE
 from __future__ import annotations
 
 import os
-import queue
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -22,7 +20,7 @@ import torch
 
 from . import encode_worker, ipc
 from ..errors import HelperError, OutputError
-from .helper import died
+from .helper import HelperClient
 from .writer import check_video_name
 
 SLOT_BUDGET = 512 << 20   # bytes of frames waiting for the encoder, at most (a quarter of it by default)
@@ -53,24 +51,22 @@ class AnnotatedVideoWriter:
         self.encode_seconds = 0.0
         self.cpu_seconds = {"user": 0.0, "system": 0.0}  # the encoder's, as it reports at the end
         self._busy: list[bool] = []  # per slot of the ring: handed to the encoder, not yet given back
-        self._released = threading.Condition()
         self._next = 0  # the ring's next slot
         self._written = False  # the encoder has finished the file
-        self._errors: list[str] = []
-        self._lock = threading.Lock()
         self._size: Optional[tuple[int, int]] = None
         self._ring: Optional[ipc.Ring] = None
         self._slots: Optional[torch.Tensor] = None  # (slots, slot bytes) over the ring
         self._unmapped: set[str] = set()  # rings the encoder has yet to map (their names go once it has)
-        self._handoff: "queue.Queue[Optional[tuple]]" = queue.Queue()
-        self._sender: Optional[threading.Thread] = None
         self._preparing: Optional[threading.Thread] = None  # the ring made ahead (see prepare)
         self._prepare_error: Optional[BaseException] = None
         # The encoding process starts now (taken from ``spare``, started ahead, if given): its start-up runs
         # while the first frames are analysed.
-        self._proc: subprocess.Popen = spare.take() if spare is not None else encode_worker.start()
-        self._reader = threading.Thread(target=self._listen, name="emonet-encode", daemon=True)
-        self._reader.start()
+        self._helper = HelperClient(
+            "encoding", spare.take() if spare is not None else encode_worker.start(),
+            {"released": self._on_released, "mapped": self._on_mapped, "written": self._on_written,
+             "times": self._on_times, "error": self._fail}, thread="emonet-encode")
+        self._state = self._helper.state  # held by the handlers below; put() waits on it for slots
+        self._helper.start()
 
     # -- start, on the first frames (their size sizes the slots), or ahead of them --------------------
     def prepare(self, size: tuple[int, int], device: Union[str, torch.device]) -> None:
@@ -106,77 +102,46 @@ class AnnotatedVideoWriter:
         if device.type == "cuda":  # page-locked, the frames come back from the GPU asynchronously
             ring.pin()
         self._ring, self._size = ring, size
-        with self._lock:
+        with self._state:
             self._unmapped.add(ring.path)
         self._slots = torch.from_numpy(ring.array).view(slots, slot_bytes)
         self._busy = [False] * slots
-        self._send(("open", {"ring": ring.path, "slots": slots, "size": size, "fps": self.fps, "path": str(self.path),
-                             "codec": self.codec, "threads": self.encoder_threads or default_threads()}))
-        self._sender = threading.Thread(target=self._hand_over, name="emonet-encode-send", daemon=True)
-        self._sender.start()
+        self._helper.send(("open", {"ring": ring.path, "slots": slots, "size": size, "fps": self.fps,
+                                    "path": str(self.path), "codec": self.codec,
+                                    "threads": self.encoder_threads or default_threads()}))
 
-    def _free_ring(self, keep_slots: bool = False) -> None:
-        """Stop handing over, then (unless ``keep_slots``: the encoder still reads them) free the slots."""
-        if self._sender is not None:
-            self._handoff.put(None)
-            self._sender.join()
-            self._sender = None
-        if self._ring is not None and not keep_slots:
+    def _free_ring(self) -> None:
+        """Unmap the ring: no copy into it is running (none was handed over, or every one has been sent)."""
+        if self._ring is not None:
             self._slots = None
             self._ring.close()
             self._ring = None
             self._size = None
 
-    def _send(self, message: tuple) -> None:
-        try:
-            ipc.send(self._proc.stdin, message)
-        except (BrokenPipeError, OSError):
-            self._fail(died("encoding", self._proc))
+    def _on_released(self, slot: int) -> None:
+        self._busy[slot] = False
 
-    def _hand_over(self) -> None:
-        """Once a chunk's copies into its slots have finished, tell the encoder (a thread: no waiting here)."""
-        while True:
-            item = self._handoff.get()
-            if item is None:
-                return
-            done, message = item
-            if done is not None:
-                done.synchronize()
-            self._send(message)
+    def _on_mapped(self, ring: str) -> None:
+        # Both processes hold it mapped: nothing is left behind, however they end.
+        self._unmapped.discard(ring)
+        Path(ring).unlink(missing_ok=True)
 
-    def _listen(self) -> None:
-        for message in ipc.messages(self._proc.stdout):
-            kind = message[0]
-            if kind == "released":
-                with self._released:
-                    self._busy[message[1]] = False
-                    self._released.notify_all()
-            elif kind == "mapped":  # both processes hold it mapped: nothing is left behind, however they end
-                with self._lock:
-                    self._unmapped.discard(message[1])
-                Path(message[1]).unlink(missing_ok=True)
-            elif kind == "written":
-                self._written = True
-            elif kind == "times":
-                _, encode, user, system = message
-                with self._lock:
-                    self.encode_seconds += encode
-                    self.cpu_seconds["user"] += user
-                    self.cpu_seconds["system"] += system
-            elif kind == "error":
-                self._fail(message[1])
-        if self._proc.wait() != 0:
-            self._fail(died("encoding", self._proc))
+    def _on_written(self, frames: int) -> None:
+        self._written = True
+
+    def _on_times(self, encode: float, user: float, system: float) -> None:
+        self.encode_seconds += encode
+        self.cpu_seconds["user"] += user
+        self.cpu_seconds["system"] += system
 
     def _fail(self, message: str) -> None:
-        with self._lock:
-            if message not in self._errors:
-                self._errors.append(message)
+        self._helper.fail(message)
 
     def _check(self) -> None:
-        if self._errors:
-            kind = HelperError if "process ended unexpectedly" in self._errors[0] else OutputError
-            raise kind(f"writing the annotated video failed: {self._errors[0]}")
+        failure = self._helper.failure
+        if failure is not None:
+            kind = HelperError if "process ended unexpectedly" in failure else OutputError
+            raise kind(f"writing the annotated video failed: {failure}")
 
     def _claim(self, n: int) -> int:
         """The ring's next ``n`` slots, marked busy once every one is free; returns the first."""
@@ -184,11 +149,11 @@ class AnnotatedVideoWriter:
         start = self._next
         wanted = [(start + i) % count for i in range(n)]
         t0 = time.perf_counter()
-        with self._released:
+        with self._state:
             while any(self._busy[i] for i in wanted):
-                if not self._released.wait(timeout=0.5):
+                if not self._state.wait(timeout=0.5):
                     self._check()
-                    if self._proc.poll() is not None:
+                    if self._helper.proc.poll() is not None:
                         self._fail("the encoding process ended unexpectedly")
                         self._check()
             for i in wanted:
@@ -203,7 +168,7 @@ class AnnotatedVideoWriter:
         self._check()
         self._prepared()
         if self._size is not None and tuple(size) != self._size and self.frames == 0:
-            self._free_ring()  # made ahead for another size than the frames have
+            self._free_ring()  # made ahead for another size than the frames have (none handed over)
         if self._size is None:
             self._start(size, frames.device)
         if tuple(size) != self._size:
@@ -225,7 +190,9 @@ class AnnotatedVideoWriter:
         if frames.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        self._handoff.put((done, ("frames", [((start + i) % count, int(index)) for i, index in enumerate(indices)])))
+        # Sent once the copies into the slots have finished (in the sender thread: no waiting here).
+        self._helper.send(("frames", [((start + i) % count, int(index)) for i, index in enumerate(indices)]),
+                          after=done.synchronize if done is not None else None)
 
     def close(self) -> Optional[Path]:
         """Let the encoder finish every frame handed over and move the video into place; returns its path
@@ -235,13 +202,7 @@ class AnnotatedVideoWriter:
             self._prepared()
         except BaseException as exc:  # noqa: BLE001 - no frame came: the failure is reported as the encoder's
             self._fail(f"{exc}")
-        self._free_ring(keep_slots=True)
-        self._send(("end",))
-        try:
-            self._proc.stdin.close()
-        except OSError:
-            pass
-        self._reader.join()
+        self._helper.close(last=("end",))  # after every frame handed over; the encoder's reading is done
         self._free_ring()
         for name in self._unmapped:  # the encoder ended before mapping it
             Path(name).unlink(missing_ok=True)

@@ -1,6 +1,7 @@
 """Helper processes (decoding, drawing, encoding, plotting), started one way: a fresh interpreter that runs a
-module's ``main(*args)`` with the package on its path, pipes both ways, and one Ctrl-C policy; and one way
-of saying why one died.
+module's ``main(*args)`` with the package on its path, pipes both ways, and one Ctrl-C policy; one way
+of saying why one died; and one client (:class:`HelperClient`) that speaks to one: a sender, a listener,
+the first failure, and the close.
 
 Ctrl-C reaches a terminal's whole process group: a helper ignores it, and the parent, which sees it too,
 decides (it closes the helper's input, so the work handed over is finished, or ends it at once). Torch-free,
@@ -9,11 +10,13 @@ so the helpers that import this start fast.
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the package, wherever it is
 
@@ -53,3 +56,106 @@ def died(what: str, proc: subprocess.Popen) -> str:
         hint = " (out of memory?)" if -code == signal.SIGKILL else ""
         return f"the {what} process ended unexpectedly (killed by {name}{hint})"
     return f"the {what} process ended unexpectedly (exit code {code})"
+
+
+class HelperClient:
+    """A helper process as its parent sees it: a sender thread, a listener thread, the first failure, close.
+
+    ``handlers`` maps a message's kind (its first item: ``"ready"``, ``"error"``, ...) to a function called
+    with the message's other items, in the listener thread, holding :attr:`state`; its waiters are woken after
+    each message and when the output ends. Kinds without a handler are dropped. Call :meth:`start` once the
+    handlers' own state is set up (a message may come at once).
+    """
+
+    def __init__(self, name: str, proc: subprocess.Popen, handlers: dict[str, Callable[..., None]], thread: str,
+                 unsent: Optional[Callable[[tuple, str], None]] = None) -> None:
+        """``name``: the helper in messages (``"drawing"``); ``proc``: from :func:`start_helper`; ``thread``: the
+        listener's name (the sender's adds ``-send``); ``unsent(message, why)``: for each message not written
+        because the process had ended (without it, the write is dropped and the listener says why)."""
+        self.name = name
+        self.proc = proc
+        self.state = threading.Condition()
+        self.failure: Optional[str] = None  # the first failure (see fail)
+        self.closing = False  # close() has begun: the process's end is expected
+        self.killed = False   # close() ended it at once: how it ended is no failure
+        self.ended = False    # its output has ended
+        self._handlers = dict(handlers)
+        self._unsent = unsent
+        self._outbox: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._sender = threading.Thread(target=self._write, name=f"{thread}-send", daemon=True)
+        self._listener = threading.Thread(target=self._listen, name=thread, daemon=True)
+
+    def start(self) -> None:
+        """Start the sender and the listener."""
+        self._sender.start()
+        self._listener.start()
+
+    def send(self, message: tuple, after: Optional[Callable[[], object]] = None) -> None:
+        """Queue ``message``, pickled in the sender thread; ``after()`` runs there first (a CUDA event's
+        ``synchronize``: the message goes once the copies it names have finished)."""
+        self._outbox.put((message, None, after))
+
+    def send_framed(self, data: bytes) -> None:
+        """Queue a message already framed by :func:`emonet.io.ipc.frame` (pickled in the caller's thread)."""
+        self._outbox.put((None, data, None))
+
+    def fail(self, why: str) -> None:
+        """Keep ``why`` as :attr:`failure` unless one is kept already."""
+        with self.state:
+            if self.failure is None:
+                self.failure = why
+
+    def close(self, last: Optional[tuple] = None, kill: bool = False) -> Optional[str]:
+        """Send ``last`` after the messages queued, close the input, wait for the output to end; the first
+        failure (``kill``: end the process at once first, which is no failure)."""
+        self.closing = True
+        if kill:
+            self.killed = True
+            self.proc.kill()
+        if last is not None:
+            self.send(last)
+        self._outbox.put(None)
+        self._sender.join()
+        self._listener.join()
+        return self.failure
+
+    def _write(self) -> None:
+        # A thread: a message may be larger than the pipe holds, and the caller would wait for the helper
+        # to read it, which it does once it has finished the work before.
+        from . import ipc  # NumPy with it: not in every helper's first import
+
+        broken = False
+        try:
+            while (item := self._outbox.get()) is not None:
+                message, data, after = item
+                if after is not None:
+                    after()
+                if not broken:
+                    try:
+                        self.proc.stdin.write(data if data is not None else ipc.frame(message))
+                        self.proc.stdin.flush()
+                    except (BrokenPipeError, OSError):  # it has ended: the listener says why
+                        broken = True
+                if broken and self._unsent is not None:
+                    self._unsent(message, died(self.name, self.proc))
+        finally:  # its input ends however this thread does, so the process ends too
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+    def _listen(self) -> None:
+        from . import ipc
+
+        for message in ipc.messages(self.proc.stdout):
+            with self.state:
+                handler = self._handlers.get(message[0])
+                if handler is not None:
+                    handler(*message[1:])
+                self.state.notify_all()
+        code = self.proc.wait()
+        with self.state:
+            self.ended = True
+            if not self.closing or (code != 0 and not self.killed):
+                self.fail(died(self.name, self.proc))
+            self.state.notify_all()

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from emonet.io import ipc
+from emonet.io.decode_worker import Kind
 from emonet.io.helper import start_helper
 
 
@@ -48,18 +49,19 @@ def test_the_decoding_helper_speaks_the_protocol_and_hands_frames_over_in_its_ri
             "slots": 2, "budget": 1 << 20, "folders": list(ipc.FOLDERS)}
     proc = start_helper("emonet.io.decode_worker:main", json.dumps(spec), quiet=True)
     kind, fps, count, h, w, slots, ring_path, layout, live = ipc.receive(proc.stdout)
-    assert (kind, fps, count, h, w, slots, live) == ("I", 10.0, 4, 48, 64, 2, False)
+    assert (kind, fps, count, h, w, slots, live) == (Kind.INFO, 10.0, 4, 48, 64, 2, False)
     ring = ipc.Ring.attach(ring_path, slots)
     ring.unlink()
     means = []
-    while (message := ipc.receive(proc.stdout))[0] == "F":
+    while (message := ipc.receive(proc.stdout))[0] == Kind.FRAME:
         _, slot, fh, fw, seconds, shown = message
         shape = (fh, fw, 3) if layout == "bgr" else (fh * 3 // 2, fw)
         means.append(round(float(ring.view(slot, shape)[:fh].mean())))
-        ipc.send(proc.stdin, ("R", slot))  # two slots: the helper waits for each to come back
-    assert message == ("D", 4, 4, False, 0)
+        ipc.send(proc.stdin, (Kind.RELEASE, slot))  # two slots: the helper waits for each to come back
+    assert message == (Kind.END, 4, 4, False, 0)
     assert [abs(m - level) <= 3 for m, level in zip(means, (40, 80, 120, 160))] == [True] * 4
-    assert ipc.receive(proc.stdout) == ("X",)  # the second video cannot be opened; the helper says so and goes on
+    # The second video cannot be opened; the helper says so and goes on.
+    assert ipc.receive(proc.stdout) == (Kind.CANNOT_OPEN,)
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0 and ipc.receive(proc.stdout) is None
     ring.close()

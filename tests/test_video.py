@@ -245,7 +245,7 @@ def test_i420_to_rgb_is_its_stated_arithmetic_for_every_chroma_pair():
     # steps that every device rounds alike (so the GPU's pixels are the CPU's), here on all 65,536 chroma pairs.
     # Lumas 111 and 146 are where a fused multiply-add (either order) would put a pixel a level apart.
     import torch
-    from emonet.io.video import _MATRICES, i420_to_rgb
+    from emonet.io.colour import _MATRICES, i420_to_rgb
     c = np.arange(256, dtype=np.uint8)
     cb, cr = (a.reshape(256, 256) for a in np.meshgrid(c, c, indexing="ij"))
     lumas = np.array([0, 1, 16, 17, 100, 111, 128, 146, 201, 235, 254, 255], np.uint8)

@@ -14,26 +14,26 @@ The spec lists one or more videos (a collection's, in the order they are analyse
 turn, the next one's first frames into the slots as soon as the last one's are handed back, so many
 short videos cost one process start and no pause between them.
 
-Protocol: :mod:`.ipc` messages both ways; the frames themselves go through an :class:`.ipc.Ring`. The
-child sends, for each video in turn:
+Protocol: :mod:`.ipc` messages both ways, each a tuple whose first item is its kind (:class:`Kind`); the
+frames themselves go through an :class:`.ipc.Ring`. The child sends, for each video in turn:
 
-- ``("I", fps, frame_count, height, width, slots, path, layout, live)``: opened (``live``: a camera or a
+- ``("info", fps, frame_count, height, width, slots, path, layout, live)``: opened (``live``: a camera or a
   network stream without a duration, read as it comes); ``path`` is a new ring's file
   (the parent attaches it and removes its name at once), ``"="`` when the last video's ring serves this one
   too, ``None`` when the video has no frame at all; ``layout`` is ``bgr`` (height x width x 3 bytes) or
   ``i420:MATRIX:RANGE`` (yuv420p planes, ``MATRIX`` 601 or 709, ``RANGE`` limited or full);
-- ``("F", slot, height, width, seconds, time)``: a frame is in ``slot``; ``seconds`` is the time its
+- ``("frame", slot, height, width, seconds, time)``: a frame is in ``slot``; ``seconds`` is the time its
   decoding took, ``time`` its presentation time in seconds from the stream's start (a camera's: since its
   first frame was captured), None where the source has none (numbered images);
-- ``("B", height, width, seconds, time, data)``: a frame too large for a slot (the video changed size), its
-  bytes in the message;
-- ``("D", produced, declared, damaged, dropped)``: no more frames of this video (at its end, ``max_frames`` or
+- ``("frame_bytes", height, width, seconds, time, data)``: a frame too large for a slot (the video changed
+  size), its bytes in the message;
+- ``("end", produced, declared, damaged, dropped)``: no more frames of this video (at its end, ``max_frames`` or
   ``end``): how many were handed over, how many the container declares (0: it does not say), whether
   decoding stopped at damaged data (a network stream: that stalled or broke off), and how many frames of
-  a live source (a camera, a network stream) were read and dropped because the analysis was behind; ``("X",)``: it could not be opened; ``("E", message)``: decoding failed. The next
-  video follows.
+  a live source (a camera, a network stream) were read and dropped because the analysis was behind;
+- ``("cannot_open",)``: it could not be opened; ``("error", message)``: decoding failed. The next video follows.
 
-The parent sends ``("R", slot)`` when it has finished with a slot. The child decodes ahead into free slots
+The parent sends ``("release", slot)`` when it has finished with a slot. The child decodes ahead into free slots
 and waits for one when none is left (a live source's frame is dropped instead), so memory stays bounded; a video with larger frames gets a new ring
 once every slot of the old one is back. It ignores Ctrl-C: the parent, which sees it too, ends the child
 when it closes the reader.
@@ -55,6 +55,18 @@ from typing import Optional
 LIVE_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "rtp", "srt", "udp", "tcp", "http", "https")
 STALL_SECONDS = 10.0
 LIVE_SLOTS = 3  # frames a live source holds decoded ahead
+
+
+class Kind:
+    """The protocol's message kinds (see the module's docstring): plain strings, the same on both sides."""
+
+    INFO = "info"                # child -> parent: a video opened, its header
+    FRAME = "frame"              # a frame in a slot of the ring
+    FRAME_BYTES = "frame_bytes"  # a frame too large for a slot, its bytes in the message
+    END = "end"                  # no more frames of this video, and how they ended
+    CANNOT_OPEN = "cannot_open"  # the video could not be opened
+    ERROR = "error"              # decoding failed, and why
+    RELEASE = "release"          # parent -> child: a slot handed back
 
 
 def is_stream_url(source) -> bool:
@@ -336,13 +348,13 @@ def main(spec_json: str) -> int:
         for video in spec["videos"]:
             reader, first, seconds = _open(video)
             if reader is None:
-                say("X")
+                say(Kind.CANNOT_OPEN)
                 continue
             fps, count = reader.fps, reader.count
             if first is None:
                 reader.close()
-                say("I", fps, count, 0, 0, 0, None, reader.layout, False)
-                say("D", 0, reader.declared, reader.damaged, 0)
+                say(Kind.INFO, fps, count, 0, 0, 0, None, reader.layout, False)
+                say(Kind.END, 0, reader.declared, reader.damaged, 0)
                 continue
             h, w = reader.dims(first)
             live = reader.live
@@ -361,10 +373,11 @@ def main(spec_json: str) -> int:
                 ring = Ring.create(max(2, min(wanted, spec["budget"] // slot_bytes)), slot_bytes, spec["folders"])
                 if ring is None:
                     reader.close()
-                    say("E", f"no room for {spec['slots']} decoded frames of {w}x{h} in {' or '.join(spec['folders'])}")
+                    say(Kind.ERROR, f"no room for {spec['slots']} decoded frames of {w}x{h} in "
+                                    f"{' or '.join(spec['folders'])}")
                     return 0
                 free, named = deque(range(ring.slots)), ring.path
-            say("I", fps, count, h, w, ring.slots, named, reader.layout, live)
+            say(Kind.INFO, fps, count, h, w, ring.slots, named, reader.layout, live)
             # Where this video's run ends: --max-frames, or --end by the parent's reckoning of frame times.
             rate = fps if 0 < fps < 1000 else 30.0
             index = int(round(video["start"] * rate)) if video["start"] > 0 else 0
@@ -404,22 +417,22 @@ def main(spec_json: str) -> int:
                     produced += 1
                     index += 1
                     if frame.nbytes > ring.slot_bytes:  # the video grew: this frame goes through the pipe
-                        say("B", h, w, seconds, reader.time, frame.tobytes())
+                        say(Kind.FRAME_BYTES, h, w, seconds, reader.time, frame.tobytes())
                         free.appendleft(slot)
                         slot = None
                         continue
                     target = ring.view(slot, frame.shape)
                     if frame.ctypes.data != target.ctypes.data:
                         np.copyto(target, frame)
-                    say("F", slot, h, w, seconds, reader.time)
+                    say(Kind.FRAME, slot, h, w, seconds, reader.time)
                     slot = None  # the parent's until it hands it back
-                say("D", produced, reader.declared, reader.damaged, dropped)
+                say(Kind.END, produced, reader.declared, reader.damaged, dropped)
             except BrokenPipeError:
                 raise
             except Exception as exc:  # one message for the parent to report; the next video goes on
                 if slot is not None:  # taken, never handed over: still free
                     free.appendleft(slot)
-                say("E", f"{type(exc).__name__}: {exc}".replace("\n", " "))
+                say(Kind.ERROR, f"{type(exc).__name__}: {exc}".replace("\n", " "))
             finally:
                 reader.close()
         while receive(inp) is not None:  # the ring stays named until the parent has attached it: wait for its end

@@ -1,254 +1,34 @@
-"""Video decoding: frames decoded in a child process (memory stays flat), uploaded to the GPU where there is one.
+"""Video reading: :class:`VideoReader` (one file, camera, stream or numbered images) and :class:`VideoSequence`
+(several files, one decoding process), their frames decoded in a child process (:mod:`.decoding`; memory
+stays flat) or on NVDEC (:mod:`.nvdec`), uploaded to the GPU where there is one.
 
 The reader streams: a few shared-memory slots and a bounded queue hold the frames decoded ahead, so a
-video of any length uses the same memory. Writing is :mod:`.writer`'s.
+video of any length uses the same memory. Colour conversion is :mod:`.colour`'s, the frames handed out
+:mod:`.frames`', writing :mod:`.writer`'s.
 """
 from __future__ import annotations
 
-import json
-import os
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
-import cv2
 import numpy as np
 import torch
 
-from . import ipc, nvdec
-from .decode_worker import STALL_SECONDS, in_run, is_stream_url
 from ..errors import InputError
-from .helper import died, start_helper
+from . import nvdec
+from .colour import colours, host_rgb, i420_to_rgb
+from .decode_worker import STALL_SECONDS, in_run, is_stream_url
+from .decoding import Decoder
+from .frames import Ending, Frame
+
+__all__ = ["CONVERT_FRAMES", "Ending", "Frame", "VideoReader", "VideoSequence", "colours", "host_rgb", "i420_to_rgb"]
 
 # Frames of a file are converted to RGB on the GPU this many at a time: the conversion is a fixed number
 # of tensor operations, shared by the group (files only: a camera's frames go on one by one).
 CONVERT_FRAMES = 8
-
-# Y'CbCr -> RGB: (Kr, Kb) of each matrix the decoder names.
-_MATRICES = {"601": (0.299, 0.114), "709": (0.2126, 0.0722)}
-
-
-def i420_to_rgb(yuv: torch.Tensor, matrix: str = "601", full_range: bool = False, nv12: bool = False) -> torch.Tensor:
-    """``(..., H * 3 // 2, W)`` uint8 yuv420p planes (one after the other) -> ``(..., H, W, 3)`` uint8 RGB.
-
-    Chroma is repeated over each 2x2 block, as OpenCV's ``COLOR_YUV2RGB_I420`` does; ``matrix`` is
-    ``"601"`` or ``"709"``, ``full_range`` for JPEG-style (yuvj420p) levels; ``nv12``: the two chroma
-    planes interleaved (Cb, Cr, Cb, ...), as NVDEC gives them. On any device.
-    """
-    kr, kb = _MATRICES[matrix]
-    kg = 1.0 - kr - kb
-    lead = yuv.shape[:-2]
-    h, w = yuv.shape[-2] * 2 // 3, yuv.shape[-1]
-    flat = yuv.reshape(*lead, -1)
-    y_scale, c_scale, y0 = (1.0, 1.0, 0.0) if full_range else (255.0 / 219.0, 255.0 / 224.0, 16.0)
-    # (Cb, Cr) -> (R, G, B) offsets from luma: each product rounded, then their sum (element-wise steps, not a
-    # matrix product, whose kernels may fuse the multiply-add differently on each device): eagerly on a CPU or a
-    # CUDA GPU, the same pixels.
-    if nv12:
-        chroma = flat[..., h * w:h * w * 3 // 2]
-    else:
-        chroma = torch.stack([flat[..., h * w:h * w * 5 // 4], flat[..., h * w * 5 // 4:h * w * 3 // 2]], -1)
-    chroma = chroma.reshape(*lead, h // 2, w // 2, 2, 1).float() - 128.0
-    weights = torch.tensor([[0.0, -2 * (1 - kb) * kb / kg, 2 * (1 - kb)],
-                            [2 * (1 - kr), -2 * (1 - kr) * kr / kg, 0.0]], device=yuv.device) * c_scale
-    offsets = (chroma * weights).sum(dim=-2).unsqueeze(-2).unsqueeze(-4)  # (..., h/2, 1, w/2, 1, 3)
-    del chroma
-    # Luma as 2x2 blocks, (..., h/2, 2, w/2, 2, 1), so that each block's offsets broadcast over it: RGB is written
-    # once, at full size, with no full-size copy of the offsets first (luma scaled in place: a copy of its own).
-    luma = flat[..., :h * w].reshape(*lead, h // 2, 2, w // 2, 2, 1).to(torch.float32, copy=True)
-    rgb = offsets + luma.sub_(y0).mul_(y_scale)
-    return rgb.reshape(*lead, h, w, 3).round_().clamp_(0, 255).to(torch.uint8)
-
-
-def colours(layout: str) -> Optional[tuple[str, bool]]:
-    """The decoder's ``layout`` (``bgr`` or ``i420:MATRIX:RANGE``) as ``(matrix, full_range)``; None for BGR."""
-    if layout == "bgr":
-        return None
-    _, matrix, levels = layout.split(":")
-    return matrix, levels == "full"
-
-
-def host_rgb(array: np.ndarray, colour: Optional[tuple[str, bool]]) -> np.ndarray:
-    """A decoded frame (BGR where ``colour`` is None, else I420 planes in ``colour``, see :func:`colours`) as
-    ``(H, W, 3)`` uint8 RGB on the host."""
-    if colour is None:
-        return cv2.cvtColor(array, cv2.COLOR_BGR2RGB)
-    # The GPU's conversion, so a run on the CPU sees the same pixels (OpenCV's fast path is up to a few
-    # levels off the exact arithmetic near black and in saturated colours).
-    return i420_to_rgb(torch.from_numpy(array), *colour).numpy()
-
-
-@dataclass
-class Frame:
-    """One decoded frame: its index in the video, its time in seconds, its pixels (and an RGB copy on the GPU)."""
-
-    index: int
-    timestamp: float
-    host: Optional[np.ndarray]                    # (H, W, 3) uint8 RGB in host memory; None when the
-                                                  # reader kept only the GPU copy
-    pixels: Optional[torch.Tensor] = None         # (H, W, 3) uint8 RGB on the GPU, uploaded by the reader
-    ready: Optional["torch.cuda.Event"] = None    # recorded when that upload has finished
-
-    @property
-    def shape(self) -> tuple:
-        """``(H, W, 3)``."""
-        return self.host.shape if self.host is not None else tuple(self.pixels.shape)
-
-    @property
-    def image(self) -> np.ndarray:
-        """The RGB pixels in host memory (copied back from the GPU on first use if the reader kept none)."""
-        if self.host is None:
-            self.ready.synchronize()
-            self.host = self.pixels.cpu().numpy()
-        return self.host
-
-    def on_device(self, device: torch.device, stream: Optional["torch.cuda.Stream"] = None) -> torch.Tensor:
-        """The frame as an ``(H, W, 3)`` uint8 RGB tensor on ``device``, ordered on ``stream`` (default: the current one)."""
-        if self.pixels is not None and self.pixels.device == device:
-            stream = stream or torch.cuda.current_stream(device)
-            stream.wait_event(self.ready)
-            self.pixels.record_stream(stream)  # the reader's stream allocated it; this one reads it
-            return self.pixels
-        return torch.from_numpy(self.image).to(device, non_blocking=True)
-
-
-@dataclass
-class Ending:
-    """How a video's frames ended: how many were read, how many the container declares (0: it does not
-    say), and whether decoding stopped at damaged data."""
-
-    produced: int
-    declared: int = 0
-    damaged: bool = False
-    dropped: int = 0  # a live source's frames read and dropped: the analysis was behind
-
-
-class _Decoder:
-    """Decoding in a child process (:mod:`.decode_worker`: PyAV, else OpenCV); frames come back through shared memory.
-
-    In a thread of this process, decoding waited for the GIL whenever it handed a frame over, and
-    FFmpeg's threads idled meanwhile; a process of its own decodes ahead into a few reusable slots of a
-    memory-mapped file (in /dev/shm where there is room), which on a GPU are also page-locked for
-    asynchronous uploads. ``videos`` (each ``{source, start, end, max_frames}``) are decoded one after the
-    other; :meth:`next_video` reads each one's header in turn, then :meth:`frames` its frames.
-    """
-
-    SLOTS = 16
-    BUDGET = 256 << 20  # bytes of decoded frames held ahead, at most
-
-    def __init__(self, videos: list[dict], pin: bool) -> None:
-        spec = {"videos": videos, "slots": self.SLOTS, "budget": self.BUDGET, "folders": list(ipc.FOLDERS)}
-        # FFmpeg's own warnings (OpenCV prints them) are silenced in the child only.
-        env = {"OPENCV_FFMPEG_LOGLEVEL": os.environ.get("OPENCV_FFMPEG_LOGLEVEL", "-8")}
-        self.process = start_helper("emonet.io.decode_worker:main", json.dumps(spec), env=env, quiet=True)
-        self.pin = pin
-        self.source: Union[str, int, None] = None
-        self.ring: Optional[ipc.Ring] = None
-        self.live = False  # the current video is read as it comes (from its header)
-        self.at_end = True  # every message of the current video has been read
-        self.ending: Optional[Ending] = None  # the current video's, once read to its end
-
-    def next_video(self, source: Union[str, int]) -> None:
-        """Read the next video's header: :attr:`fps`, :attr:`frame_count`, :attr:`shape` (``(H, W, 3)`` of its
-        first frame, then of the last one read; zeros: no frame) and :attr:`layout`; an :class:`InputError`
-        when it cannot be opened."""
-        self.source = source
-        self.ending = None
-        message = self._receive()
-        if message[0] == "X":
-            if isinstance(source, int):
-                raise InputError(f"camera {source} could not be opened (no camera there, or it is in use)")
-            if is_stream_url(source):
-                raise InputError(f"{source}: the stream could not be opened (nothing answered or sent video within "
-                                 f"{STALL_SECONDS:g} s; check the address, and that the sender is running)")
-            raise InputError(f"{source}: not a video FFmpeg or OpenCV can open (not a video, corrupt, or an unknown codec)")
-        if message[0] != "I":
-            raise InputError(f"{source}: decoding could not start ({self._why(message)})")
-        _, fps, count, h, w, slots, path, self.layout, self.live = message
-        self.fps, self.frame_count = float(fps), int(count)
-        self.shape = (int(h), int(w), 3)
-        self.at_end = False
-        if path not in (None, "="):  # a new ring: the old one's slots have all been handed back
-            self._unmap()
-            self.ring = ipc.Ring.attach(path, slots)
-            self.ring.unlink()  # both processes hold it mapped: nothing is left behind, however they end
-            if self.pin:  # page-locked, a slot uploads asynchronously
-                self.ring.pin()
-
-    def _receive(self) -> tuple:
-        return ipc.receive(self.process.stdout) or ("?",)
-
-    def _why(self, message: tuple) -> str:
-        if message[0] == "E":
-            return message[1]
-        return died("decoding", self.process)
-
-    def _shape(self, h: int, w: int) -> tuple:
-        return (h, w, 3) if self.layout == "bgr" else (h * 3 // 2, w)
-
-    def frames(self) -> Iterator[tuple[np.ndarray, float, Optional[int], Optional[float]]]:
-        """``(frame as decoded, seconds its decoding took, slot, presentation time or None)`` in order (BGR
-        ``(H, W, 3)``, or I420 ``(H * 3 // 2, W)`` planes, as :attr:`layout` says); hand each slot back with
-        :meth:`release`. At the end, :attr:`ending` says how the video ended."""
-        while True:
-            message = self._receive()
-            kind = message[0]
-            if kind == "F":
-                _, slot, h, w, seconds, shown = message
-                self.shape = (h, w, 3)
-                yield self.ring.view(slot, self._shape(h, w)), seconds, slot, shown
-            elif kind == "B":
-                _, h, w, seconds, shown, data = message
-                self.shape = (h, w, 3)
-                yield np.frombuffer(bytearray(data), np.uint8).reshape(self._shape(h, w)), seconds, None, shown
-            elif kind == "D":
-                _, produced, declared, damaged, dropped = message
-                self.ending = Ending(produced, declared, damaged, dropped)
-                self.at_end = True
-                return
-            else:
-                self.at_end = True
-                raise RuntimeError(self._why(message))
-
-    def release(self, slot: Optional[int]) -> None:
-        """The parent is done with ``slot``: the child may decode into it again."""
-        if slot is not None:
-            try:
-                ipc.send(self.process.stdin, ("R", slot))
-            except BrokenPipeError:  # it has finished (the last frames, or --max-frames, were read)
-                pass
-
-    def skip(self) -> None:
-        """Read the rest of the current video's messages, handing its slots straight back (the next video's
-        header comes after them)."""
-        if self.at_end:
-            return
-        try:
-            for _, _, slot, _ in self.frames():
-                self.release(slot)
-        except RuntimeError:  # an error ends the video as well
-            pass
-        self.at_end = True
-
-    def close(self) -> None:
-        """End the child and free the shared memory (no upload from it may still be running)."""
-        if self.process.poll() is None:
-            self.process.kill()  # it holds nothing worth finishing: frames not yet read are not wanted
-        self.process.wait()
-        for pipe in (self.process.stdin, self.process.stdout):
-            try:
-                pipe.close()
-            except OSError:  # BrokenPipe flushing stdin
-                pass
-        self._unmap()
-
-    def _unmap(self) -> None:
-        if self.ring is not None:
-            self.ring.close()
-            self.ring = None
 
 
 class VideoReader:
@@ -265,7 +45,7 @@ class VideoReader:
     def __init__(self, source: Union[str, int], start: float = 0.0, end: Optional[float] = None,
                  max_frames: Optional[int] = None, queue_size: int = 32,
                  device: Optional[torch.device] = None, keep_host: bool = True,
-                 decoder: Optional[_Decoder] = None, use_nvdec: bool = False) -> None:
+                 decoder: Optional[Decoder] = None, use_nvdec: bool = False) -> None:
         self.source = source
         self.device = device if device is not None and torch.device(device).type == "cuda" else None
         self.keep_host = keep_host or self.device is None
@@ -293,13 +73,13 @@ class VideoReader:
                     self._nvdec = nvdec.NvdecVideo(source, self.device or torch.device("cpu"))
                 except nvdec.Unsupported as exc:
                     self.nvdec_refused = str(exc)
-        header: Union[_Decoder, nvdec.NvdecVideo]
+        header: Union[Decoder, nvdec.NvdecVideo]
         if self._nvdec is not None:
             header = self._nvdec
             self.keep_host = False  # the frames are on the GPU; Frame.image copies one back when asked
         else:
             if decoder is None:
-                decoder = _Decoder([{"source": source, "start": start, "end": end, "max_frames": max_frames}],
+                decoder = Decoder([{"source": source, "start": start, "end": end, "max_frames": max_frames}],
                                    pin=self.device is not None)
             try:
                 decoder.next_video(source)
@@ -571,7 +351,7 @@ class VideoSequence:
         self.sources = [str(s) for s in sources]
         self.options = dict(start=start, end=end, max_frames=max_frames, device=device, keep_host=keep_host)
         gpu = device is not None and torch.device(device).type == "cuda"
-        self._decoder = _Decoder([{"source": s, "start": start, "end": end, "max_frames": max_frames}
+        self._decoder = Decoder([{"source": s, "start": start, "end": end, "max_frames": max_frames}
                                   for s in self.sources], pin=gpu)
         self._readers: "queue.Queue[Union[VideoReader, InputError, None]]" = queue.Queue()
         self._stop = threading.Event()

@@ -6,7 +6,7 @@ import sys
 from typing import Optional
 
 from ..cli import ToolParser
-from ..errors import EXIT_CODES, InputError
+from ..errors import EXIT_CODES
 from .common import run_tool
 
 EXAMPLES = """examples:
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"training: {result.throughput:.1f} crops/s; written: {result.best} (loads with --weights), "
           f"{result.log}, {result.files['curves']}", file=sys.stderr)
     if result.interrupted:
-        print(f"stopped: the state is saved; go on with the same command and --resume", file=sys.stderr)
+        print("stopped: the state is saved; go on with the same command and --resume", file=sys.stderr)
         return 130
     return 0
 

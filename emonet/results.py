@@ -1,6 +1,6 @@
 """Typed results: one :class:`FaceResult` per face per image or frame, and how it is written as a JSON
 record or a CSV row. Nothing else in the package turns network outputs into results
-(:meth:`emonet.pipeline.Pipeline.collect` is the one place that builds them)."""
+(:meth:`emonet.pipeline.Pipeline.results` is the one place that builds them; ``collect`` waits and calls it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

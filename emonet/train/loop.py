@@ -7,8 +7,6 @@ network (the paper's way); ``all``, everything. Frozen parts stay in eval mode (
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import signal
@@ -27,14 +25,15 @@ from ..classes import class_names
 from ..evaluation.datasets import FaceDataset, affectnet, csv_dataset
 from ..distributed import join
 from ..evaluation.loop import locate_faces
-from ..evaluation.metrics import evaluate_predictions
-from ..io.atomic import AtomicFile, write_bytes, write_text
+from ..io.atomic import AtomicFile, write_text
 from ..log import say
 from ..models.emonet import EmoNet
 from ..models.weights import load_model
 from ..provenance import weights_record
 from .data import CropSet, TrainDataError, augment, batches, crop_set, split
 from .objective import objective
+from .report import (epoch_line, evaluate, flat_metrics, plot_curves, predict, predictions_csv, score_of,
+                     write_log)
 
 MODES = ("head", "emotion", "all")
 DEFAULT_LR = {"head": 1e-3, "emotion": 3e-4, "all": 1e-4}
@@ -139,90 +138,6 @@ def head_outputs(model: EmoNet, features: torch.Tensor) -> dict:
     """EmoNet's outputs from the head's inputs (see :func:`head_inputs`)."""
     out, n = model.emo_fc_2(features), model.n_expression
     return {"expression": out[:, :n], "valence": out[:, n], "arousal": out[:, n + 1]}
-
-
-def score_of(metrics: dict) -> float:
-    """One number to choose the best epoch by: the mean of ACC and the valence and arousal CCCs present."""
-    parts = [metrics["expression"]["ACC"]] if "expression" in metrics else []
-    parts += [metrics[k]["CCC"] for k in ("valence", "arousal") if k in metrics and math.isfinite(metrics[k]["CCC"])]
-    return float(np.mean(parts)) if parts else float("nan")
-
-
-@torch.no_grad()
-def predict(model: EmoNet, crops: np.ndarray, device: torch.device, batch: int = 64) -> dict:
-    """EmoNet's outputs over cached crops, in fp32 and eval mode (as the photo tool reads a face): expression
-    probabilities, class, valence, arousal."""
-    was = model.training
-    model.eval()
-    probs, val, aro = [], [], []
-    for start in range(0, len(crops), batch):
-        x = torch.from_numpy(np.ascontiguousarray(crops[start:start + batch])).to(device)
-        out = model(x.permute(0, 3, 1, 2).float().div(255.0))
-        probs.append(torch.softmax(out["expression"].float(), 1).cpu())
-        val.append(out["valence"].float().cpu())
-        aro.append(out["arousal"].float().cpu())
-    model.train(was)
-    p = torch.cat(probs).numpy()
-    return {"probabilities": p, "expression": p.argmax(1), "valence": torch.cat(val).numpy(),
-            "arousal": torch.cat(aro).numpy()}
-
-
-def evaluate(model: EmoNet, data: CropSet, device: torch.device) -> tuple[dict, dict]:
-    """The evaluation module's metrics on ``data`` (those of the targets it has), and the predictions."""
-    pred = predict(model, data.crops, device)
-    names = class_names(model.n_expression)
-    has = data.targets()
-    metrics = evaluate_predictions(
-        names, labels=data.labels if has["expression"] else None, predictions=pred["expression"],
-        valence=data.valence if has["valence"] else None, valence_pred=pred["valence"],
-        arousal=data.arousal if has["arousal"] else None, arousal_pred=pred["arousal"])
-    return metrics, pred
-
-
-def predictions_csv(data: CropSet, pred: dict, names: tuple) -> str:
-    """One row per validation face: image, labels, predictions."""
-    out = io.StringIO()
-    w = csv.writer(out)
-    w.writerow(["image", "expression", "valence", "arousal", "pred_expression", "pred_valence", "pred_arousal"])
-    for i, path in enumerate(data.paths):
-        label = names[data.labels[i]] if data.labels[i] >= 0 else ""
-        w.writerow([path, label, "" if np.isnan(data.valence[i]) else f"{data.valence[i]:.6f}",
-                    "" if np.isnan(data.arousal[i]) else f"{data.arousal[i]:.6f}", names[pred["expression"][i]],
-                    f"{pred['valence'][i]:.6f}", f"{pred['arousal'][i]:.6f}"])
-    return out.getvalue()
-
-
-def _flat(metrics: dict) -> dict:
-    row = {}
-    if "expression" in metrics:
-        row["ACC"] = metrics["expression"]["ACC"]
-    for k in ("valence", "arousal"):
-        for m in ("CCC", "PCC", "RMSE", "SAGR"):
-            if k in metrics:
-                row[f"{k}_{m}"] = metrics[k][m]
-    return row
-
-
-def plot_curves(rows: list[dict], path: Path) -> None:
-    """The learning curves (training loss; validation metrics by epoch) as a PNG, written atomically."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    epochs = [r["epoch"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(epochs, [r["train_loss"] for r in rows], marker="o")
-    left.set(title="training loss", xlabel="epoch")
-    for key in ("ACC", "valence_CCC", "arousal_CCC"):
-        if key in rows[-1]:
-            right.plot(epochs, [r.get(key, np.nan) for r in rows], marker="o", label=key.replace("_", " "))
-    right.set(title="validation", xlabel="epoch", ylim=(min(0, *[r.get("valence_CCC", 0) for r in rows]), 1))
-    right.legend()
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    write_bytes(path, buf.getvalue())
 
 
 def _save_state(path: Path, state: dict) -> None:
@@ -388,15 +303,15 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
             if ddp.main:
                 metrics, pred = evaluate(model, val_set, device)
                 row = {"epoch": epoch + 1, "train_loss": float(np.mean(losses)) if losses else float("nan"),
-                       "lr": schedule.get_last_lr()[0], **_flat(metrics)}
+                       "lr": schedule.get_last_lr()[0], **flat_metrics(metrics)}
                 rows.append(row)
                 score = score_of(metrics)
                 if score > best_score:
                     best_score, best_epoch = score, epoch + 1
                     _write_best(model, best_path, pred, val_set, names, config, base, source, metrics, epoch + 1)
-                _write_log(rows, log_path)
+                write_log(rows, log_path)
                 plot_curves(rows, out / "curves.png")
-                say(_epoch_line(row))
+                say(epoch_line(row))
             ddp.barrier()
         else:
             epoch = config.epochs
@@ -426,22 +341,3 @@ def _write_best(model, path, pred, val_set, names, config, base, source, metrics
             "config": {k: v for k, v in asdict(config).items() if k not in ("progress", "resume", "cache_dir")},
             "metrics": metrics}
     write_text(path.with_name("best.meta.json"), json.dumps(meta, indent=2, default=float) + "\n")
-
-
-def _write_log(rows: list[dict], path: Path) -> None:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=keys)
-    w.writeheader()
-    w.writerows(rows)
-    write_text(path, buf.getvalue())
-
-
-def _epoch_line(row: dict) -> str:
-    parts = [f"epoch {row['epoch']}: loss {row['train_loss']:.4f}"]
-    if "ACC" in row:
-        parts.append(f"ACC {row['ACC']:.3f}")
-    for k in ("valence", "arousal"):
-        if f"{k}_CCC" in row:
-            parts.append(f"{k} CCC {row[f'{k}_CCC']:.3f} RMSE {row[f'{k}_RMSE']:.3f}")
-    return ", ".join(parts)

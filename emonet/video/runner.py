@@ -212,11 +212,8 @@ class VideoRun:
         self.cpu: dict[str, float] = {}            # CPU-seconds meanwhile: this process, decoding, drawing, encoding
         self._keep_pixels = any(s.keeps_frames for s in self.sinks)
         self._cpu0 = _cpu_seconds()  # before the sinks open: their processes' CPU is counted from here
-        try:
-            for sink in self.sinks:
-                sink.open(self)
-        except BaseException:
-                raise
+        for sink in self.sinks:
+            sink.open(self)
         self._wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
         self.bar = (tqdm(total=source.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True,
                          desc=video.label) if video.progress else None)
@@ -375,7 +372,7 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
             stop.flowing = True
             try:
                 for chunk in _chunks(source, config.batch_size):
-                    flags, boxes = current.detect(chunk)
+                    flags, queued = current.detect(chunk)
                     # The previous chunk settled (its tracks have their landmarks), this one queued behind it, and
                     # only then the previous chunk's results made and handed out: that host work runs while the GPU
                     # reads this chunk instead of before it is queued.
@@ -386,7 +383,7 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
                             yield from current.deliver(settled)
                         break
                     try:
-                        launched = current.launch(chunk, flags, boxes)
+                        launched = current.launch(chunk, flags, queued)
                     except BaseException:
                         if settled is not None:  # finished before: kept, though this chunk is lost
                             yield from current.deliver(settled)

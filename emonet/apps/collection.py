@@ -149,8 +149,8 @@ def run_collection(args: argparse.Namespace, config: VideoConfig) -> int:
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"{out_dir}: exists and is not a folder")
     videos = collect_videos(args.video, exclude=out_dir)  # before the folder is made: bad input leaves nothing
-    check_writable_dir(out_dir)
     devices = parse_devices(getattr(args, "devices", None))
+    check_writable_dir(out_dir)
     if len(devices) > 1:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise InputError("--devices starts its own workers: run it without torchrun (torchrun is for several "

@@ -186,8 +186,7 @@ def _load_sets(config: TrainConfig, n: int, device: torch.device, main: bool) ->
 def train(config: TrainConfig) -> TrainResult:
     """Fine-tune as ``config`` says; see the module. Under ``torchrun`` every process trains on its share of each
     batch (DDP) and the first one evaluates and writes."""
-    out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(config.out_dir)  # made once the data is read: bad input leaves nothing behind
     ddp = join(config.device)
     try:
         return _train(config, out, ddp, ddp.device(config.device))
@@ -206,6 +205,7 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
         ddp.barrier()  # the main process made the cache; the others read it
         if not ddp.main:
             train_set, val_set, source = _load_sets(config, model.n_expression, device, False)
+    out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     gpu = device.type == "cuda"
     if gpu:  # one input shape throughout: cuDNN's fastest kernels for it; tensor cores read channels-last

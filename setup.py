@@ -12,7 +12,8 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["emonet", "emonet.*"]),
     # The BlazeFace detector's weights (1 MB, Apache-2.0) ship with the package, with their notices.
-    package_data={"emonet.detection": ["blazeface.pth", "NOTICE.blazeface", "LICENSE.blazeface", "onet.pth", "NOTICE.onet"],
+    package_data={"emonet.detection": ["blazeface.pth", "NOTICE.blazeface", "LICENSE.blazeface", "onet.pth", "NOTICE.onet",
+                                      "yunet.pth", "NOTICE.yunet", "LICENSE.yunet"],
                   "emonet.engine": ["astronaut.jpg"], "emonet.serve": ["static/*.html"]},
     install_requires=[
         "torch>=2.1",

@@ -113,10 +113,10 @@ def engine_config(preset: str, device: torch.device, deterministic: bool = False
 def build_detector(options: ModelOptions, engine: Engine):
     """The detector the options ask for, on the engine's device, the same for photos and video frames. BlazeFace
     also sees a large image in its fine view (small faces) and looks at each candidate again close up (no
-    face-like thing passes)."""
+    face-like thing passes); YuNet sees every face in one pass."""
     min_score, name = options.min_score, options.detector
     kwargs = {"min_score": min_score} if min_score is not None and name != "none" else {}
-    if name == "blazeface":
+    if name in ("blazeface", "yunet"):
         kwargs["cuda_graphs"] = engine.config.cuda_graphs
         kwargs["background"] = engine.config.background  # its graphs too, while the first frames run eagerly
     return create_detector(name, engine.device, **kwargs)

@@ -45,11 +45,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
                    help="bit-reproducible results: deterministic algorithms, fp32, seeded")
     if detector:
         g.add_argument("--detector", default="blazeface", choices=DETECTORS,
-                       help="blazeface (default, offline), sfd (the released demo's; downloads its weights) or "
-                            "none (each image is already a face crop)")
+                       help="blazeface (default, offline), yunet (offline; one pass: small faces and faces the "
+                            "frame's edge cuts), sfd (the released demo's; downloads its weights) or none (each "
+                            "image is already a face crop)")
         g.add_argument("--min-score", type=_score, default=None, metavar="S",
-                       help="the detector's threshold, 0 to 1 (default: 0.83 for blazeface, 0.5 for sfd); a face "
-                            "already followed in video is kept down to 0.1 under it")
+                       help="the detector's threshold, 0 to 1 (default: 0.83 for blazeface, 0.8 for yunet, 0.5 "
+                            "for sfd); a face already followed in video is kept down to 0.1 under it")
 
 
 def model_options(args: argparse.Namespace) -> "ModelOptions":

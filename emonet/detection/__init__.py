@@ -3,6 +3,7 @@
 | name | module |
 | --- | --- |
 | ``blazeface`` (default) | :mod:`.blazeface`: MediaPipe BlazeFace in PyTorch, weights shipped with the package |
+| ``yunet`` | :mod:`.yunet`: YuNet (libfacedetection) in PyTorch, one dense pass, weights shipped with the package |
 | ``sfd`` | :mod:`.sfd`: face-alignment's S3FD (downloads its weights on first use) |
 | ``none`` | :mod:`.whole`: the image already is a face crop |
 
@@ -24,10 +25,13 @@ from ..choices import DETECTORS  # noqa: F401 - re-exported
 
 
 def create_detector(name: str, device: Union[str, torch.device] = "cpu", **kwargs) -> FaceDetector:
-    """Build a detector by name: ``blazeface``, ``sfd`` or ``none``."""
+    """Build a detector by name: ``blazeface``, ``yunet``, ``sfd`` or ``none``."""
     if name == "blazeface":
         from .blazeface import BlazeFaceDetector
         return BlazeFaceDetector(device, **kwargs)
+    if name == "yunet":
+        from .yunet import YuNetDetector
+        return YuNetDetector(device, **kwargs)
     if name == "sfd":
         from .sfd import SFDDetector
         return SFDDetector(device, **kwargs)

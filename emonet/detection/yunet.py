@@ -1,0 +1,232 @@
+"""YuNet (:mod:`.yunet_net`) as a detector: one dense pass over the whole image finds faces from about 10 px.
+
+The weights ship with this package (``yunet.pth``, converted once from libfacedetection.train's ``yunet_n.pth`` by
+``tools/convert_yunet.py``, which checks the network against OpenCV's ``FaceDetectorYN``; Apache-2.0, see
+``NOTICE.yunet``). Works offline.
+
+An image is scaled to at most MAX_SIDE on its long side (never up), its sides padded with black to multiples of 32.
+On a GPU the resizing runs there, the network runs as a CUDA graph per input size and batch, and only each image's
+TOP_K best points come back to the host, where the boxes over the threshold are kept after non-maximum suppression.
+Verified (the default), each candidate is then looked at close up (:mod:`.close_look`), except one the frame's edge
+cuts: the close look's crops would be black beyond the frame, where its networks never saw a face.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from ..engine.graphs import Graphs, capture_graph
+from .base import DetectorError, FaceDetector
+from .close_look import CloseLook, Looking
+from .graph_policy import pad_rows, padded_count, powers_of_two
+from .transfer import frames_on, to_host
+from .yunet_net import CELL, YuNet
+
+WEIGHTS = Path(__file__).resolve().parent / "yunet.pth"
+MAX_SIDE = 960           # a 1080p frame at half size: a 40-px face is 20 px there, over the network's ~10 px floor
+# A candidate box within this fraction of the image's long side of its edge is cut by it (see the module).
+AT_EDGE = 0.01
+# A face's score is the lower of YuNet's and the close look's (:mod:`.close_look`: BlazeFace's front model and ONet
+# on crops around the box), so an animal's face, which YuNet often scores as a face, must also fool the close look;
+# at 0.8 that passes a third as many held-out animal photos as BlazeFace's detector at its 0.83, and as many faces
+# (measured: see docs/PERFORMANCE.md, Face detection).
+DEFAULT_MIN_SCORE = 0.8
+UNVERIFIED_MIN_SCORE = 0.8
+CANDIDATE_SCORE = 0.5    # YuNet's candidates looked at close up from here (a followed face is held down to 0.5)
+NMS_IOU = 0.3            # as OpenCV's FaceDetectorYN samples use it
+# A YuNet box becomes a crop as BlazeFace's does (base.FaceDetector), with its own constants: the medians that put
+# its crops where BlazeFace's are, over 425 faces of 20-600 px in ordinary photos (alike for small and large faces;
+# faces the frame cuts left out). Its boxes are narrower and reach higher.
+REFERENCE_SCALE = 210.0
+SHIFT = 0.016
+TOP_K = 256              # points per image sent to the host, best first (a crowd's faces, each seen by a few)
+MAX_BATCH = 16
+
+
+def input_geometry(shape: tuple, max_side: int = MAX_SIDE) -> tuple[tuple[int, int], tuple[int, int], float]:
+    """For an image of ``shape``: its scaled size ``(h, w)``, the network's input size ``(H, W)`` and the scale."""
+    h, w = shape[:2]
+    scale = min(1.0, max_side / max(h, w))
+    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+    return (nh, nw), (-(-nh // CELL) * CELL, -(-nw // CELL) * CELL), scale
+
+
+@dataclass
+class Proposed:
+    """A launched detection: its queued parts (see :meth:`YuNetDetector.launch`), the image count and, verified, the
+    images (their candidates' close look needs them)."""
+
+    parts: list
+    count: int
+    images: Optional[Sequence] = None
+
+
+def nms(boxes: np.ndarray, scores: np.ndarray, iou: float) -> np.ndarray:
+    """Indices of the boxes kept by greedy non-maximum suppression, best first."""
+    order = np.argsort(-scores, kind="stable")
+    x1, y1, x2, y2 = boxes.T
+    area = np.maximum(x2 - x1, 0) * np.maximum(y2 - y1, 0)
+    keep = []
+    while len(order):
+        i, rest = order[0], order[1:]
+        keep.append(i)
+        w = np.maximum(0, np.minimum(x2[i], x2[rest]) - np.maximum(x1[i], x1[rest]))
+        h = np.maximum(0, np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]))
+        inter = w * h
+        order = rest[inter <= iou * (area[i] + area[rest] - inter)]
+    return np.asarray(keep, dtype=np.int64)
+
+
+class YuNetDetector(FaceDetector):
+    """YuNet on any device; the whole image in one pass, small faces included; ``verify``: each candidate is also
+    looked at close up (default)."""
+
+    name = "yunet"
+    queues = False
+    reference_scale = REFERENCE_SCALE
+    shift = SHIFT
+
+    def __init__(self, device: Union[str, torch.device] = "cpu", weights: Union[str, Path, None] = None,
+                 min_score: Optional[float] = None, max_side: int = MAX_SIDE, cuda_graphs: bool = True, background: bool = False, verify: bool = True) -> None:
+        """``max_side``: an image's long side is scaled down to this (small faces shrink with it); ``background``: on a GPU, graphs are captured in a thread of
+        their own while the first images run the network eagerly (the same kernels: the same detections)."""
+        path = Path(weights) if weights else WEIGHTS
+        if not path.is_file():
+            raise DetectorError(f"YuNet weights not found at {path}; reinstall emonet (the file ships with the "
+                                f"package) or run tools/convert_yunet.py")
+        self.device = torch.device(device)
+        self.queues = self.device.type == "cuda"
+        self.net = YuNet()
+        self.net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        self.net.to(self.device).eval()
+        self.verify = verify
+        self.min_score = float(min_score) if min_score is not None else (
+            DEFAULT_MIN_SCORE if verify else UNVERIFIED_MIN_SCORE)
+        self.max_side = int(max_side)
+        self.background = background
+        self.cuda_graphs = cuda_graphs and self.queues
+        self._graphs = Graphs(self.device, self._capture) if self.cuda_graphs else None
+        self.close_look = None
+        if verify:
+            from .blazeface import BlazeFaceDetector
+            from .onet import load_onet
+
+            front = BlazeFaceDetector(self.device, model="front", cuda_graphs=False, tiles=False, verify=False)
+            self.close_look = CloseLook(front, load_onet(self.device), self.device, self.cuda_graphs, background)
+
+    def detect(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return self.collect(self.launch(images))
+
+    def launch(self, images: Sequence[Union[np.ndarray, torch.Tensor]], small: Optional[Sequence[bool]] = None):
+        """Queue the network over the images (every face is looked for every time: ``small`` is not needed)."""
+        groups: dict[tuple, list[int]] = {}
+        for i, image in enumerate(images):
+            groups.setdefault(tuple(image.shape[:2]), []).append(i)
+        parts = []
+        for shape, members in groups.items():
+            for start in range(0, len(members), MAX_BATCH):
+                chunk = members[start:start + MAX_BATCH]
+                parts.append((chunk, shape, *self._launch([images[i] for i in chunk], shape)))
+        return Proposed(parts, len(images), images if self.verify else None)
+
+    def advance(self, handle):
+        """Verified: the candidates read (waiting for the network) and their close look queued; :meth:`collect`
+        then waits for the close look's networks only."""
+        if not self.verify or isinstance(handle, Looking):
+            return handle
+        return self.close_look.launch(handle.images, self._candidates(handle, CANDIDATE_SCORE, edge=True))
+
+    def collect(self, handle, min_score: Optional[float] = None) -> list[np.ndarray]:
+        least = self.min_score if min_score is None else float(min_score)
+        if not self.verify:
+            return self._candidates(handle, least)
+        looking = self.advance(handle)
+        scores = looking.scores()
+        out, start = [], 0
+        for faces in looking.candidates:
+            close = scores[start:start + len(faces)]
+            start += len(faces)
+            faces = faces[:, :5].copy()  # (its last column: whether the frame's edge cuts it)
+            faces[:, 4] = np.where(looking.candidates[len(out)][:, 5] > 0, faces[:, 4], np.minimum(faces[:, 4], close))
+            faces = faces[faces[:, 4] >= least]
+            out.append(faces[np.argsort(-faces[:, 4], kind="stable")])
+        return out
+
+    def _candidates(self, handle: Proposed, least: float, edge: bool = False) -> list[np.ndarray]:
+        """Each image's boxes from ``least``, after non-maximum suppression, best first; ``edge``: with a sixth
+        column, 1 where the image's edge cuts the box (see AT_EDGE)."""
+        out: list[np.ndarray] = [np.zeros((0, 6 if edge else 5))] * handle.count
+        for members, shape, rows, done, scale in handle.parts:
+            if done is not None:
+                done.synchronize()
+            rows = rows.numpy()
+            for k, i in enumerate(members):
+                found = rows[k][rows[k, :, 0] >= least].astype(np.float64)
+                if not len(found):
+                    continue
+                found = found[nms(found[:, 1:5], found[:, 0], NMS_IOU)]
+                boxes = found[:, 1:5] / scale
+                out[i] = np.concatenate([boxes, found[:, :1]], axis=1)
+                if edge:
+                    h, w = shape[:2]
+                    m = AT_EDGE * max(h, w)
+                    cut = (boxes[:, 0] < m) | (boxes[:, 1] < m) | (boxes[:, 2] > w - m) | (boxes[:, 3] > h - m)
+                    out[i] = np.concatenate([out[i], cut[:, None].astype(np.float64)], axis=1)
+        return out
+
+    def _launch(self, images: Sequence[Union[np.ndarray, torch.Tensor]], shape: tuple) -> tuple:
+        (nh, nw), (H, W), scale = input_geometry(shape, self.max_side)
+        with torch.inference_mode():
+            x = frames_on(self.device, images)  # (B, 3, h, w) RGB
+            if (nh, nw) != tuple(shape[:2]):
+                x = F.interpolate(x, size=(nh, nw), mode="bilinear", antialias=True, align_corners=False)
+            batch = x.new_zeros((len(images), 3, H, W))
+            batch[:, :, :nh, :nw] = x.flip(1)  # BGR, as the network was trained
+            rows = self._forward(batch)[:len(images)]
+            best = rows[..., 0].topk(min(TOP_K, rows.shape[1]), dim=1).indices
+            rows = rows.gather(1, best[..., None].expand(-1, -1, rows.shape[2]))
+            return (*to_host(rows), scale)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The network, on a GPU as a CUDA graph per padded batch and input size (eager while one is captured in
+        the background); rows past ``x``'s are not to be read."""
+        padded = padded_count(len(x))
+        entry = self._graphs.get((padded, *x.shape[2:]), later=self.background) if self._graphs else None
+        if entry is None:
+            return self.net(pad_rows(x, padded))
+        graph, static_in, rows = entry
+        static_in[:len(x)].copy_(x)
+        graph.replay()
+        return rows
+
+    def _capture(self, key: tuple, stream: "torch.cuda.Stream", error_mode: str) -> tuple:
+        batch, height, width = key
+        static_in = torch.zeros(batch, 3, height, width, device=self.device)
+        graph, rows = capture_graph(lambda: self.net(static_in), stream, error_mode)
+        return graph, static_in, rows
+
+    def warmup(self, shape: tuple = (720, 1280, 3)) -> None:
+        """Every padded batch size of this image size once (kernel selection, graph capture) before real images;
+        in the background mode one eager pass, the graphs captured meanwhile."""
+        blank = np.zeros(shape, np.uint8)
+        for b in [1] if self.background else powers_of_two(MAX_BATCH):
+            self.detect([blank] * b)
+        if self.close_look is not None:  # a blank image has no candidate: the close look on a made-up one
+            self.close_look.warmup(shape)
+        if self.background and self._graphs is not None:
+            _, size, _ = input_geometry(shape, self.max_side)
+            self._graphs.prepare([(b, *size) for b in powers_of_two(MAX_BATCH)][::-1])
+            if self.close_look is not None:
+                self.close_look.prepare()
+
+    def wait_for_graphs(self) -> None:
+        """Until the graphs being captured in the background, the close look's too, are ready."""
+        if self._graphs is not None:
+            self._graphs.wait()
+        if self.close_look is not None:
+            self.close_look.wait()

@@ -28,7 +28,9 @@ from .transfer import frames_on, to_host
 from .yunet_net import CELL, YuNet
 
 WEIGHTS = Path(__file__).resolve().parent / "yunet.pth"
-MAX_SIDE = 960           # a 1080p frame at half size: a 40-px face is 20 px there, over the network's ~10 px floor
+# A 1080p frame at half size: a 40-px face is 20 px there, over the network's ~10 px floor. At 1,280 a 30-px face is
+# found too, at the price of a 720p frame's whole detection (measured: see docs/PERFORMANCE.md, YuNet).
+MAX_SIDE = 960
 # A candidate box within this fraction of the image's long side of its edge is cut by it (see the module).
 AT_EDGE = 0.01
 # A face's score is the lower of YuNet's and the close look's (:mod:`.close_look`: BlazeFace's front model and ONet
@@ -148,11 +150,11 @@ class YuNetDetector(FaceDetector):
         looking = self.advance(handle)
         scores = looking.scores()
         out, start = [], 0
-        for faces in looking.candidates:
-            close = scores[start:start + len(faces)]
-            start += len(faces)
-            faces = faces[:, :5].copy()  # (its last column: whether the frame's edge cuts it)
-            faces[:, 4] = np.where(looking.candidates[len(out)][:, 5] > 0, faces[:, 4], np.minimum(faces[:, 4], close))
+        for candidates in looking.candidates:
+            close = scores[start:start + len(candidates)]
+            start += len(candidates)
+            faces = candidates[:, :5].copy()  # (the sixth column: whether the frame's edge cuts it)
+            faces[:, 4] = np.where(candidates[:, 5] > 0, faces[:, 4], np.minimum(faces[:, 4], close))
             faces = faces[faces[:, 4] >= least]
             out.append(faces[np.argsort(-faces[:, 4], kind="stable")])
         return out

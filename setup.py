@@ -11,7 +11,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["emonet", "emonet.*"]),
-    # The BlazeFace detector's weights (1 MB, Apache-2.0) ship with the package, with their notices.
+    # The detectors' weights (BlazeFace 1 MB and YuNet 0.4 MB, Apache-2.0; ONet, MIT) ship with the package, with
+    # their notices.
     package_data={"emonet.detection": ["blazeface.pth", "NOTICE.blazeface", "LICENSE.blazeface", "onet.pth", "NOTICE.onet",
                                       "yunet.pth", "NOTICE.yunet", "LICENSE.yunet"],
                   "emonet.engine": ["astronaut.jpg"], "emonet.serve": ["static/*.html"]},

@@ -27,7 +27,7 @@ class ModelOptions:
     precision: str = "auto"                # auto (the engine's own), fp32, tf32, fp16 or bf16
     cudnn_benchmark: bool = True
     deterministic: bool = False
-    detector: str = "blazeface"            # blazeface, sfd or none
+    detector: str = "blazeface"            # blazeface, yunet, sfd or none
     min_score: Optional[float] = None      # None: the detector's default
 
 

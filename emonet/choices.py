@@ -4,4 +4,4 @@ from __future__ import annotations
 
 ENGINES = ("eager", "fast", "compiled", "tuned", "max")   # emonet.engine.PRESETS, besides "auto"
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")             # emonet.runtime
-DETECTORS = ("blazeface", "yunet", "sfd", "none")                  # emonet.detection
+DETECTORS = ("blazeface", "yunet", "sfd", "none")        # emonet.detection

@@ -8,8 +8,9 @@
 | ``none`` | :mod:`.whole`: the image already is a face crop |
 
 BlazeFace's parts beside its module: :mod:`.views` (the views an image is seen in), :mod:`.decoding` (anchors,
-decoding, NMS, views merged), :mod:`.close_look` (the verifier, with :mod:`.onet`) and :mod:`.crops` (its crops),
-:mod:`.graph_policy` (what runs as CUDA graphs), :mod:`.transfer` (copies between host and device).
+decoding, NMS, views merged). Shared by BlazeFace and YuNet (network in :mod:`.yunet_net`): :mod:`.close_look` (the
+verifier, with :mod:`.onet`) and :mod:`.crops` (its crops), :mod:`.graph_policy` (what runs as CUDA graphs),
+:mod:`.transfer` (copies between host and device).
 
 Backends are imported when asked for, so a run that does not use one does not pay for importing it.
 """

@@ -1,11 +1,11 @@
 """The close look (the verifier): each candidate of the back model scored again, close up.
 
 A face is found in two steps. The 256-px back model proposes candidates over every view of an image from
-CANDIDATE_SCORE; each is then looked at in square crops around it (:mod:`.crops`): by the 128-px front model at
-VERIFY_ZOOMS times the candidate's size (each look: the best detection covering the crop's centre) and by MTCNN's
-ONet (:mod:`.onet`), trained on other data, at ONET_ZOOMS. The score is the mean of the front model's looks and
-ONet's, weighed as one and two. On a GPU the networks after the crops run as one CUDA graph per padded count of
-candidates.
+CANDIDATE_SCORE (YuNet's candidates, :mod:`.yunet`, are looked at the same way); each is then looked at in square
+crops around it (:mod:`.crops`): by the 128-px front model at VERIFY_ZOOMS times the candidate's size (each look: the
+best detection covering the crop's centre) and by MTCNN's ONet (:mod:`.onet`), trained on other data, at ONET_ZOOMS.
+The score is the mean of the front model's looks and ONet's, weighed as one and two. On a GPU the networks after the
+crops run as one CUDA graph per padded count of candidates.
 """
 from __future__ import annotations
 

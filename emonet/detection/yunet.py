@@ -1,4 +1,5 @@
-"""YuNet (:mod:`.yunet_net`) as a detector: one dense pass over the whole image finds faces from about 10 px.
+"""YuNet (:mod:`.yunet_net`) as a detector: one dense pass over the whole image finds faces from about 10 px of the
+network's input (20 px of a 1080p frame).
 
 The weights ship with this package (``yunet.pth``, converted once from libfacedetection.train's ``yunet_n.pth`` by
 ``tools/convert_yunet.py``, which checks the network against OpenCV's ``FaceDetectorYN``; Apache-2.0, see
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -23,7 +24,7 @@ from torch.nn import functional as F
 from ..engine.graphs import Graphs, capture_graph
 from .base import DetectorError, FaceDetector
 from .close_look import CloseLook, Looking
-from .graph_policy import pad_rows, padded_count, powers_of_two
+from .graph_policy import graph_worth_it, pad_rows, padded_count, powers_of_two
 from .transfer import frames_on, to_host
 from .yunet_net import CELL, YuNet
 
@@ -38,8 +39,11 @@ AT_EDGE = 0.01
 # at 0.8 that passes a third as many held-out animal photos as BlazeFace's detector at its 0.83, and as many faces
 # (measured: see docs/PERFORMANCE.md, Face detection).
 DEFAULT_MIN_SCORE = 0.8
-UNVERIFIED_MIN_SCORE = 0.8
-CANDIDATE_SCORE = 0.5    # YuNet's candidates looked at close up from here (a followed face is held down to 0.5)
+UNVERIFIED_MIN_SCORE = 0.8  # YuNet's own score: real faces score 0.85-0.95, but so do many animals' faces
+# YuNet's candidates are looked at close up from here, or from 0.1 under a lower threshold (the hold of a face a
+# video already follows is 0.1 under the threshold): a lower hold score than that finds nothing more.
+CANDIDATE_SCORE = 0.5
+HOLD_MARGIN = 0.1
 NMS_IOU = 0.3            # as OpenCV's FaceDetectorYN samples use it
 # A YuNet box becomes a crop as BlazeFace's does (base.FaceDetector), with its own constants: the medians that put
 # its crops where BlazeFace's are, over 425 faces of 20-600 px in ordinary photos (alike for small and large faces;
@@ -50,20 +54,33 @@ TOP_K = 256              # points per image sent to the host, best first (a crow
 MAX_BATCH = 16
 
 
-def input_geometry(shape: tuple, max_side: int = MAX_SIDE) -> tuple[tuple[int, int], tuple[int, int], float]:
-    """For an image of ``shape``: its scaled size ``(h, w)``, the network's input size ``(H, W)`` and the scale."""
+def input_geometry(shape: tuple,
+                   max_side: int = MAX_SIDE) -> tuple[tuple[int, int], tuple[int, int], tuple[float, float]]:
+    """For an image of ``shape``: its scaled size ``(h, w)``, the network's input size ``(H, W)`` and the scales
+    ``(x, y)`` from the image to the scaled image (each side rounded on its own)."""
     h, w = shape[:2]
     scale = min(1.0, max_side / max(h, w))
     nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-    return (nh, nw), (-(-nh // CELL) * CELL, -(-nw // CELL) * CELL), scale
+    return (nh, nw), (-(-nh // CELL) * CELL, -(-nw // CELL) * CELL), (nw / w, nh / h)
+
+
+class Part(NamedTuple):
+    """Images of one size run together: their indices, size, best points on their way to the host (and the event
+    recorded after their copy; None on the CPU), and the scales from image to network input, ``(x, y)``."""
+
+    members: list[int]
+    shape: tuple
+    rows: torch.Tensor
+    done: Optional["torch.cuda.Event"]
+    scale: tuple[float, float]
 
 
 @dataclass
 class Proposed:
-    """A launched detection: its queued parts (see :meth:`YuNetDetector.launch`), the image count and, verified, the
-    images (their candidates' close look needs them)."""
+    """A launched detection: its queued parts, the image count and, verified, the images (their candidates' close
+    look needs them)."""
 
-    parts: list
+    parts: list[Part]
     count: int
     images: Optional[Sequence] = None
 
@@ -89,14 +106,15 @@ class YuNetDetector(FaceDetector):
     looked at close up (default)."""
 
     name = "yunet"
-    queues = False
     reference_scale = REFERENCE_SCALE
     shift = SHIFT
 
     def __init__(self, device: Union[str, torch.device] = "cpu", weights: Union[str, Path, None] = None,
-                 min_score: Optional[float] = None, max_side: int = MAX_SIDE, cuda_graphs: bool = True, background: bool = False, verify: bool = True) -> None:
-        """``max_side``: an image's long side is scaled down to this (small faces shrink with it); ``background``: on a GPU, graphs are captured in a thread of
-        their own while the first images run the network eagerly (the same kernels: the same detections)."""
+                 min_score: Optional[float] = None, max_side: int = MAX_SIDE, cuda_graphs: bool = True,
+                 background: bool = False, verify: bool = True) -> None:
+        """``max_side``: an image's long side is scaled down to this (small faces shrink with it); ``background``: on
+        a GPU, graphs are captured in a thread of their own while the first images run the network eagerly (the same
+        kernels: the same detections)."""
         path = Path(weights) if weights else WEIGHTS
         if not path.is_file():
             raise DetectorError(f"YuNet weights not found at {path}; reinstall emonet (the file ships with the "
@@ -113,6 +131,7 @@ class YuNetDetector(FaceDetector):
         self.background = background
         self.cuda_graphs = cuda_graphs and self.queues
         self._graphs = Graphs(self.device, self._capture) if self.cuda_graphs else None
+        self._sizes_seen: dict[tuple[int, int], int] = {}  # input sizes -> times seen (which run as graphs)
         self.close_look = None
         if verify:
             from .blazeface import BlazeFaceDetector
@@ -122,9 +141,11 @@ class YuNetDetector(FaceDetector):
             self.close_look = CloseLook(front, load_onet(self.device), self.device, self.cuda_graphs, background)
 
     def detect(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Per image, an ``(k, 5)`` array ``x1, y1, x2, y2, score``, best first."""
         return self.collect(self.launch(images))
 
-    def launch(self, images: Sequence[Union[np.ndarray, torch.Tensor]], small: Optional[Sequence[bool]] = None):
+    def launch(self, images: Sequence[Union[np.ndarray, torch.Tensor]],
+               small: Optional[Sequence[bool]] = None) -> Proposed:
         """Queue the network over the images (every face is looked for every time: ``small`` is not needed)."""
         groups: dict[tuple, list[int]] = {}
         for i, image in enumerate(images):
@@ -133,17 +154,20 @@ class YuNetDetector(FaceDetector):
         for shape, members in groups.items():
             for start in range(0, len(members), MAX_BATCH):
                 chunk = members[start:start + MAX_BATCH]
-                parts.append((chunk, shape, *self._launch([images[i] for i in chunk], shape)))
+                parts.append(Part(chunk, shape, *self._launch([images[i] for i in chunk], shape)))
         return Proposed(parts, len(images), images if self.verify else None)
 
-    def advance(self, handle):
+    def advance(self, handle: Union[Proposed, Looking]) -> Union[Proposed, Looking]:
         """Verified: the candidates read (waiting for the network) and their close look queued; :meth:`collect`
         then waits for the close look's networks only."""
         if not self.verify or isinstance(handle, Looking):
             return handle
-        return self.close_look.launch(handle.images, self._candidates(handle, CANDIDATE_SCORE, edge=True))
+        floor = min(CANDIDATE_SCORE, self.min_score - HOLD_MARGIN)
+        return self.close_look.launch(handle.images, self._candidates(handle, floor, edge=True))
 
-    def collect(self, handle, min_score: Optional[float] = None) -> list[np.ndarray]:
+    def collect(self, handle: Union[Proposed, Looking], min_score: Optional[float] = None) -> list[np.ndarray]:
+        """The faces of a :meth:`launch` (advanced or not) from ``min_score`` (default the threshold); verified, no
+        lower than the candidates' floor (see CANDIDATE_SCORE)."""
         least = self.min_score if min_score is None else float(min_score)
         if not self.verify:
             return self._candidates(handle, least)
@@ -172,7 +196,7 @@ class YuNetDetector(FaceDetector):
                 if not len(found):
                     continue
                 found = found[nms(found[:, 1:5], found[:, 0], NMS_IOU)]
-                boxes = found[:, 1:5] / scale
+                boxes = found[:, 1:5] / np.tile(scale, 2)
                 out[i] = np.concatenate([boxes, found[:, :1]], axis=1)
                 if edge:
                     h, w = shape[:2]
@@ -182,6 +206,8 @@ class YuNetDetector(FaceDetector):
         return out
 
     def _launch(self, images: Sequence[Union[np.ndarray, torch.Tensor]], shape: tuple) -> tuple:
+        """Queue the network on images of one size: their best points on their way to the host, the event, the
+        scales."""
         (nh, nw), (H, W), scale = input_geometry(shape, self.max_side)
         with torch.inference_mode():
             x = frames_on(self.device, images)  # (B, 3, h, w) RGB
@@ -196,9 +222,12 @@ class YuNetDetector(FaceDetector):
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         """The network, on a GPU as a CUDA graph per padded batch and input size (eager while one is captured in
-        the background); rows past ``x``'s are not to be read."""
+        the background); rows past ``x``'s are not to be read. Each graph keeps its memory: an input size runs as
+        graphs from its second time and only a few sizes do (a video has one; photos of many sizes run eagerly)."""
         padded = padded_count(len(x))
-        entry = self._graphs.get((padded, *x.shape[2:]), later=self.background) if self._graphs else None
+        entry = None
+        if self._graphs is not None and graph_worth_it(self._sizes_seen, tuple(x.shape[2:]), 0):
+            entry = self._graphs.get((padded, *x.shape[2:]), later=self.background)
         if entry is None:
             return self.net(pad_rows(x, padded))
         graph, static_in, rows = entry
@@ -222,6 +251,7 @@ class YuNetDetector(FaceDetector):
             self.close_look.warmup(shape)
         if self.background and self._graphs is not None:
             _, size, _ = input_geometry(shape, self.max_side)
+            self._sizes_seen[size] = max(self._sizes_seen.get(size, 0), 1)  # the frames to come run as graphs
             self._graphs.prepare([(b, *size) for b in powers_of_two(MAX_BATCH)][::-1])
             if self.close_look is not None:
                 self.close_look.prepare()

@@ -26,6 +26,7 @@ class DPUnit(nn.Module):
             self.bn = nn.BatchNorm2d(cout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The unit on ``x``."""
         x = self.conv2(self.conv1(x))
         return F.relu(self.bn(x)) if self.bn_relu else x
 
@@ -40,6 +41,7 @@ class Stem(nn.Module):
         self.conv2 = DPUnit(cmid, cout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The stem on ``x`` (half its size)."""
         return self.conv2(F.relu(self.bn1(self.conv1(x))))
 
 
@@ -52,6 +54,7 @@ class Block(nn.Module):
         self.conv2 = DPUnit(cin, cout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The block on ``x``."""
         return self.conv2(self.conv1(x))
 
 
@@ -66,6 +69,7 @@ class Backbone(nn.Module):
             self.add_module(f"model{i}", Block(64, 64))
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The features at strides 8, 16 and 32."""
         out = []
         for i in range(6):
             x = getattr(self, f"model{i}")(x)
@@ -84,6 +88,7 @@ class Neck(nn.Module):
         self.lateral_convs = nn.ModuleList(DPUnit(64, 64) for _ in STRIDES)
 
     def forward(self, feats: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The three levels, each with what the coarser ones saw."""
         feats = list(feats)
         for i in range(len(feats) - 1, 0, -1):
             feats[i] = self.lateral_convs[i](feats[i])
@@ -127,7 +132,7 @@ class Head(nn.Module):
 
 
 class YuNet(nn.Module):
-    """The whole network: ``(N, 3, H, W)`` BGR 0-255 in (H, W multiples of 32), ``(N, P, 15)`` out (see :class:`Head`)."""
+    """The whole network: ``(N, 3, H, W)`` BGR 0-255 in (H, W multiples of 32), ``(N, P, 15)`` out (:class:`Head`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -136,4 +141,5 @@ class YuNet(nn.Module):
         self.bbox_head = Head()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Every grid point's score, box and landmarks (:class:`Head`)."""
         return self.bbox_head(self.neck(self.backbone(x)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from emonet.io.atomic import write_bytes  # noqa: E402 - after the checkout's path
 
 SOURCE = "ShiqiYu/libfacedetection.train@0047ac24a weights/yunet_n.pth"
 SOURCE_SHA256 = "9c7c9e14a4d60e57491d77e4d8b0d451bd834f300e05c0dea7fd1f6533817b06"
@@ -81,11 +84,18 @@ def main() -> None:
     if not args.check:
         if args.checkpoint is None:
             parser.error("--checkpoint is needed to convert (or --check)")
+        if not args.checkpoint.is_file():
+            raise SystemExit(f"{args.checkpoint}: no such file; it is {SOURCE}")
         digest = hashlib.sha256(args.checkpoint.read_bytes()).hexdigest()
         if digest != SOURCE_SHA256:
             raise SystemExit(f"{args.checkpoint} is not {SOURCE} (sha256 {digest})")
-        torch.save(convert(args.checkpoint), OUT)
+        with tempfile.TemporaryDirectory() as tmp:  # checked before they replace the shipped weights
+            new = Path(tmp) / OUT.name
+            torch.save(convert(args.checkpoint), new)
+            check(new)
+            write_bytes(OUT, new.read_bytes())
         print(f"wrote {OUT}")
+        return
     check()
     print("YuNet conversion checked against OpenCV's FaceDetectorYN")
 

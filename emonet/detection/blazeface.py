@@ -25,7 +25,7 @@ from ..engine.graphs import Graphs, capture_graph
 from . import views
 from .base import DetectorError, FaceDetector
 from .close_look import (CANDIDATE_SCORE, CLOSE_LOOK_BATCH, DEFAULT_MIN_SCORE, ONET_ZOOMS, VERIFY_ZOOMS, CloseLook,
-                         Looking)
+                         Looking, best_first)
 from .crops import CROP_BATCH, CROP_PIXELS, close_crops, scale_crops, zoomed_crops
 from .decoding import decode_blazeface, merge_detections, weighted_nms
 from .decoding import ssd_anchors as _anchors  # (under the name the tests import)
@@ -172,14 +172,11 @@ class BlazeFaceDetector(FaceDetector):
         if not self.verify:
             return self._candidates(handle, least)
         looking = self.advance(handle)
-        scores = looking.scores()
-        out, start = [], 0
-        for faces in looking.candidates:
+        out = []
+        for faces, scores in zip(looking.candidates, looking.per_image()):
             faces = faces.copy()
-            faces[:, 4] = scores[start:start + len(faces)]
-            start += len(faces)
-            faces = faces[faces[:, 4] >= least]
-            out.append(faces[np.argsort(-faces[:, 4], kind="stable")])
+            faces[:, 4] = scores
+            out.append(best_first(faces, least))
         return out
 
     def _candidates(self, handle: tuple, least: float) -> list[np.ndarray]:

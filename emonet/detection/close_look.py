@@ -53,6 +53,16 @@ class Looking:
             self.done.synchronize()
         return self.host.numpy()
 
+    def per_image(self) -> list[np.ndarray]:
+        """The scores image by image, in the order of :attr:`candidates`, waiting for them if need be."""
+        return np.split(self.scores(), np.cumsum([len(faces) for faces in self.candidates])[:-1])
+
+
+def best_first(faces: np.ndarray, least: float) -> np.ndarray:
+    """The faces scoring ``least`` or more, best first (ties in their order)."""
+    faces = faces[faces[:, 4] >= least]
+    return faces[np.argsort(-faces[:, 4], kind="stable")]
+
 
 class CloseLook:
     """The close look's networks on ``device``: ``front``, the front model's detector (its own graphs off: its

@@ -23,7 +23,8 @@ from torch.nn import functional as F
 
 from ..engine.graphs import Graphs, capture_graph
 from .base import DetectorError, FaceDetector
-from .close_look import CloseLook, Looking
+from .close_look import CloseLook, Looking, best_first
+from .decoding import merge_detections
 from .graph_policy import graph_worth_it, pad_rows, padded_count, powers_of_two
 from .transfer import frames_on, to_host
 from .yunet_net import CELL, YuNet
@@ -38,8 +39,8 @@ AT_EDGE = 0.01
 # on crops around the box), so an animal's face, which YuNet often scores as a face, must also fool the close look;
 # at 0.8 that passes a third as many held-out animal photos as BlazeFace's detector at its 0.83, and as many faces
 # (measured: see docs/PERFORMANCE.md, Face detection).
+# Unverified (YuNet's own score) the same threshold: real faces score 0.85-0.95, but so do many animals' faces.
 DEFAULT_MIN_SCORE = 0.8
-UNVERIFIED_MIN_SCORE = 0.8  # YuNet's own score: real faces score 0.85-0.95, but so do many animals' faces
 # YuNet's candidates are looked at close up from here, or from 0.1 under a lower threshold (the hold of a face a
 # video already follows is 0.1 under the threshold): a lower hold score than that finds nothing more.
 CANDIDATE_SCORE = 0.5
@@ -85,22 +86,6 @@ class Proposed:
     images: Optional[Sequence] = None
 
 
-def nms(boxes: np.ndarray, scores: np.ndarray, iou: float) -> np.ndarray:
-    """Indices of the boxes kept by greedy non-maximum suppression, best first."""
-    order = np.argsort(-scores, kind="stable")
-    x1, y1, x2, y2 = boxes.T
-    area = np.maximum(x2 - x1, 0) * np.maximum(y2 - y1, 0)
-    keep = []
-    while len(order):
-        i, rest = order[0], order[1:]
-        keep.append(i)
-        w = np.maximum(0, np.minimum(x2[i], x2[rest]) - np.maximum(x1[i], x1[rest]))
-        h = np.maximum(0, np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]))
-        inter = w * h
-        order = rest[inter <= iou * (area[i] + area[rest] - inter)]
-    return np.asarray(keep, dtype=np.int64)
-
-
 class YuNetDetector(FaceDetector):
     """YuNet on any device; the whole image in one pass, small faces included; ``verify``: each candidate is also
     looked at close up (default)."""
@@ -125,8 +110,7 @@ class YuNetDetector(FaceDetector):
         self.net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         self.net.to(self.device).eval()
         self.verify = verify
-        self.min_score = float(min_score) if min_score is not None else (
-            DEFAULT_MIN_SCORE if verify else UNVERIFIED_MIN_SCORE)
+        self.min_score = DEFAULT_MIN_SCORE if min_score is None else float(min_score)
         self.max_side = int(max_side)
         self.background = background
         self.cuda_graphs = cuda_graphs and self.queues
@@ -172,15 +156,11 @@ class YuNetDetector(FaceDetector):
         if not self.verify:
             return self._candidates(handle, least)
         looking = self.advance(handle)
-        scores = looking.scores()
-        out, start = [], 0
-        for candidates in looking.candidates:
-            close = scores[start:start + len(candidates)]
-            start += len(candidates)
+        out = []
+        for candidates, close in zip(looking.candidates, looking.per_image()):
             faces = candidates[:, :5].copy()  # (the sixth column: whether the frame's edge cuts it)
             faces[:, 4] = np.where(candidates[:, 5] > 0, faces[:, 4], np.minimum(faces[:, 4], close))
-            faces = faces[faces[:, 4] >= least]
-            out.append(faces[np.argsort(-faces[:, 4], kind="stable")])
+            out.append(best_first(faces, least))
         return out
 
     def _candidates(self, handle: Proposed, least: float, edge: bool = False) -> list[np.ndarray]:
@@ -195,9 +175,10 @@ class YuNetDetector(FaceDetector):
                 found = rows[k][rows[k, :, 0] >= least].astype(np.float64)
                 if not len(found):
                     continue
-                found = found[nms(found[:, 1:5], found[:, 0], NMS_IOU)]
-                boxes = found[:, 1:5] / np.tile(scale, 2)
-                out[i] = np.concatenate([boxes, found[:, :1]], axis=1)
+                # Non-maximum suppression in the network's pixels, then into the image's.
+                found = merge_detections([np.concatenate([found[:, 1:5], found[:, :1]], axis=1)], NMS_IOU)
+                boxes = found[:, :4] / np.tile(scale, 2)
+                out[i] = np.concatenate([boxes, found[:, 4:]], axis=1)
                 if edge:
                     h, w = shape[:2]
                     m = AT_EDGE * max(h, w)

@@ -116,8 +116,10 @@ class Scheduler:
     def _launch_detector(self, frames: list, small: list[bool]):
         if self.det_stream is None:
             return self.detector.launch([f.image for f in frames], small)
+        waited: set = set()
         with torch.cuda.stream(self.det_stream):
-            return self.detector.launch([f.on_device(self.engine.device, self.det_stream) for f in frames], small)
+            return self.detector.launch([f.on_device(self.engine.device, self.det_stream, waited) for f in frames],
+                                        small)
 
     def _collect_detector(self, handle, min_score: Optional[float]) -> list:
         # On the detector's stream: its close look at the candidates (more network work) must not queue behind,
@@ -167,7 +169,7 @@ class Scheduler:
             for take, dets in zip(relooks, self._collect_detector(handle, hold_score)):
                 take.looked_again(dets)
         chunks = [t.session.plan_faces(t) for t in takes]
-        faces, pixels = [], []
+        faces, pixels, waited = [], [], set()
         stream = torch.cuda.current_stream(self.engine.device) if self.det_stream is not None else None
         for chunk in chunks:
             offset = len(pixels)
@@ -175,20 +177,37 @@ class Scheduler:
             if not chunk.pending.faces:
                 pixels += [None] * len(chunk.frames)  # never read
             elif stream is not None:  # uploaded once (by the reader or decoder), shared with the detector
-                pixels += [f.on_device(self.engine.device, stream) for f in chunk.frames]
+                pixels += [f.on_device(self.engine.device, stream, waited) for f in chunk.frames]
             else:
                 pixels += [f.image for f in chunk.frames]
         return PendingStep(chunks, self.pipeline.launch(pixels, faces))
 
     def settle(self, step: PendingStep) -> list[SettledChunk]:
-        """Wait for a step's outputs; each session's chunk settled (see :meth:`VideoPipeline.settle_outputs`)."""
+        """Wait for a step's outputs; each session's chunk settled (see :meth:`VideoPipeline.settle_outputs`).
+        The arithmetic runs over every session's faces at once: a step of many streams holds a few faces each."""
         outputs = self.pipeline.read(step.pending)
+        faces = [f for chunk in step.chunks for f in chunk.pending.faces]
+        # Row by row, as each session alone: a track is in one session's chunk only.
+        held, ok = set_many_landmarks([t for chunk in step.chunks for t in chunk.tracks], outputs.landmarks,
+                                      [f.frame for f in faces])
+        own = landmarks_boxes(outputs.landmarks)  # each face's own box: the detection's, else its landmarks'
+        detected = np.array([f.detected for f in faces], bool)
+        for k, face in enumerate(faces):
+            if face.box is not None:
+                own[k] = face.box
+        shapes = np.array([chunk.frames[f.image].shape[:2] for chunk in step.chunks for f in chunk.pending.faces],
+                          np.float64).reshape(-1, 2)
+        x1, y1, x2, y2 = own.T
+        # A face whose landmarks' box broke its bounds, that left the frame or collapsed: the detector looks again.
+        lost = ((~ok & ~detected) | (x2 < 0) | (y2 < 0) | (x1 > shapes[:, 1]) | (y1 > shapes[:, 0])
+                | ((x2 - x1) < 8)).tolist()
         settled, start = [], 0
         for chunk in step.chunks:
             n = len(chunk.pending.faces)
-            part = Outputs(outputs.values[start:start + n], outputs.landmarks[start:start + n])
+            part = slice(start, start + n)
             start += n
-            settled.append(chunk.session.settle_outputs(chunk, part))
+            settled.append(chunk.session.settle_outputs(chunk, Outputs(outputs.values[part], outputs.landmarks[part]),
+                                                        held[part], any(lost[part])))
         return settled
 
 
@@ -363,22 +382,14 @@ class VideoPipeline:
                 tracks.append(track)
         return PendingChunk(self, chunk, Pending(planned), tracks)
 
-    def settle_outputs(self, chunk: PendingChunk, outputs: Outputs) -> SettledChunk:
-        """Hand each track its landmarks, deciding whether the next chunk's first frame is looked at again: all
-        that the next launch needs of this chunk. Its results are made by :meth:`results`."""
+    def settle_outputs(self, chunk: PendingChunk, outputs: Outputs, held: np.ndarray, lost: bool) -> SettledChunk:
+        """Hand each track its landmarks' box as held to its bounds (``held``, from :meth:`Scheduler.settle`), and
+        decide whether the next chunk's first frame is looked at again (``lost``: a face broke its bounds, left the
+        frame or collapsed; or a frame had no face): all that the next launch needs of this chunk. Its results are
+        made by :meth:`results`."""
         faces = chunk.pending.faces
-        held, ok = set_many_landmarks(chunk.tracks, outputs.landmarks, [f.frame for f in faces])
-        detected = np.array([f.detected for f in faces], bool)
-        own = landmarks_boxes(outputs.landmarks)  # each face's own box: the detection's, else its landmarks'
-        for k, face in enumerate(faces):
-            if face.box is not None:
-                own[k] = face.box
-        if (~ok & ~detected).any():
-            self.need_detection = True  # the landmarks' box broke its bounds: the detector looks again
-        shapes = np.array([chunk.frames[f.image].shape[:2] for f in faces], np.float64).reshape(-1, 2)
-        x1, y1, x2, y2 = own.T
-        if ((x2 < 0) | (y2 < 0) | (x1 > shapes[:, 1]) | (y1 > shapes[:, 0]) | ((x2 - x1) < 8)).any():
-            self.need_detection = True  # a face left the frame or collapsed: look again
+        if lost:
+            self.need_detection = True
         # The box reported: the detection's on a detected frame; else the landmarks', held to the bounds of the
         # track's last detection, as it is cropped.
         boxes = []

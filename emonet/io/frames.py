@@ -32,11 +32,16 @@ class Frame:
             self.host = self.pixels.cpu().numpy()
         return self.host
 
-    def on_device(self, device: torch.device, stream: Optional["torch.cuda.Stream"] = None) -> torch.Tensor:
-        """The frame as an ``(H, W, 3)`` uint8 RGB tensor on ``device``, ordered on ``stream`` (default: the current one)."""
+    def on_device(self, device: torch.device, stream: Optional["torch.cuda.Stream"] = None,
+                  waited: Optional[set] = None) -> torch.Tensor:
+        """The frame as an ``(H, W, 3)`` uint8 RGB tensor on ``device``, ordered on ``stream`` (default: the current
+        one). ``waited``: upload events ``stream`` already waits for (frames uploaded together share one), kept."""
         if self.pixels is not None and self.pixels.device == device:
             stream = stream or torch.cuda.current_stream(device)
-            stream.wait_event(self.ready)
+            if waited is None or self.ready not in waited:
+                stream.wait_event(self.ready)
+                if waited is not None:
+                    waited.add(self.ready)
             self.pixels.record_stream(stream)  # the reader's stream allocated it; this one reads it
             return self.pixels
         return torch.from_numpy(self.image).to(device, non_blocking=True)

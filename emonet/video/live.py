@@ -38,6 +38,9 @@ class FrameError(ValueError):
 
 DROPPED = "dropped"  # a frame's answer when newer frames of its session pushed it out before its turn
 
+# Stream frame sizes the loop prepares for (see LiveLoop._prepare) at most: each keeps CUDA graphs of its own.
+SIZES_PREPARED = 4
+
 StepHook = Callable[[int, int, float], None]  # (frames, faces, seconds) of each step
 DropHook = Callable[[], None]
 
@@ -68,7 +71,6 @@ class _Waiting:
     payload: Union[np.ndarray, bytes, torch.Tensor, FrameError]  # bytes until the decoding thread has them
     future: Future
     ready: Optional[torch.cuda.Event] = None  # a decoded tensor's: its decoding done on the GPU
-    decoding: bool = False                    # in the decoding thread's hands now
 
     @property
     def encoded(self) -> bool:
@@ -107,7 +109,11 @@ class LiveLoop:
         self._sessions: list[LiveSession] = []
         self._in_hand: list[_Waiting] = []  # the frames of the steps in flight (failed if the loop stops)
         self._turn = 0  # where the next step starts taking frames: every stream gets its turn
-        self._lock = threading.Condition()
+        self._sizes: set[tuple] = set()  # stream frame sizes prepared for (see _prepare)
+        mutex = threading.Lock()
+        self._lock = threading.Condition(mutex)  # the loop waits on it for decoded frames
+        self._undecoded: deque[_Waiting] = deque()  # frames handed in encoded, for the decoding thread
+        self._decodable = threading.Condition(mutex)  # the decoding thread waits on it for encoded frames
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="emonet-live", daemon=True)
         self._thread.start()
@@ -153,9 +159,13 @@ class LiveLoop:
             session.frames = index + 1
             if not session.one_shot and len(session.waiting) >= self.config.max_waiting:
                 dropped = session.waiting.popleft()
-            session.waiting.append(_Waiting(index, time.perf_counter() if timestamp is None else timestamp,
-                                            payload, future))
-            self._lock.notify_all()
+            item = _Waiting(index, time.perf_counter() if timestamp is None else timestamp, payload, future)
+            session.waiting.append(item)
+            if item.encoded:
+                self._undecoded.append(item)
+                self._decodable.notify()
+            else:
+                self._lock.notify()
         if dropped is not None:
             self._drop(dropped)
         return future
@@ -175,6 +185,7 @@ class LiveLoop:
         with self._lock:
             self._closing = True
             self._lock.notify_all()
+            self._decodable.notify_all()
         self._thread.join()
         if self._decoder is not None:
             self._decoder.join()
@@ -249,31 +260,33 @@ class LiveLoop:
         return out
 
     def _decoding(self) -> None:
-        """The decoding thread: every frame still encoded, in one call, until the loop closes."""
+        """The decoding thread: every frame handed in encoded since its last call, in one call, until the loop
+        closes (a frame dropped or cancelled meanwhile is not decoded)."""
+        batch: list[_Waiting] = []
         try:
             while True:
                 with self._lock:
-                    while True:
-                        batch = [w for s in self._sessions for w in s.waiting if w.encoded and not w.decoding]
-                        if batch or self._closing:
-                            break
-                        self._lock.wait()
-                    if not batch:
+                    while not self._undecoded and not self._closing:
+                        self._decodable.wait()
+                    batch = [w for w in self._undecoded if not w.future.done()]
+                    self._undecoded.clear()
+                    if not batch and self._closing:
                         return
-                    for w in batch:
-                        w.decoding = True
+                if not batch:
+                    continue
                 images, ready = self._decode([w.payload for w in batch])
                 with self._lock:
                     for w, image in zip(batch, images):
-                        w.payload, w.ready, w.decoding = image, ready, False
+                        w.payload, w.ready = image, ready
+                    batch = []
                     self._lock.notify_all()
         except BaseException as exc:  # noqa: BLE001 - nothing encoded can be read now: the loop stops, saying why
             with self._lock:
                 failed = RuntimeError(f"the JPEG decoding stopped: {type(exc).__name__}: {exc}")
-                for s in self._sessions:
-                    for w in s.waiting:
-                        if w.encoded:
-                            w.payload, w.decoding = failed, False
+                for w in [*batch, *self._undecoded, *(w for s in self._sessions for w in s.waiting)]:
+                    if w.encoded:
+                        w.payload = failed
+                self._undecoded.clear()
                 self._lock.notify_all()
             raise
 
@@ -327,6 +340,7 @@ class LiveLoop:
             items = []
             try:
                 items = self._frames(taken)
+                self._prepare(items)
                 queued = scheduler.detect([(s.tracking, frames) for s, _, frames in items]) if items else None
             except Exception as exc:  # noqa: BLE001 - this step's frames fail; the loop goes on
                 self._fail([w for _, chunk in taken for w in chunk], exc)
@@ -347,6 +361,20 @@ class LiveLoop:
                 self._deliver(*settled)
         if previous is not None:
             self._answer(*previous)
+
+    def _prepare(self, items: list) -> None:
+        """A stream's first frame of a size not seen before: the pipeline warmed for it (the detector's graphs for
+        every batch size prepared at once, in the background where it captures them so), as the tools do for a
+        video before its first frame; otherwise each new batch size of the size would run eagerly, choosing its
+        kernels, while a step waits. One-shot images (photos of any size) are not prepared for; at most
+        SIZES_PREPARED sizes are (each keeps its graphs)."""
+        for session, _, frames in items:
+            if session.one_shot or len(self._sizes) >= SIZES_PREPARED:
+                continue
+            shape = tuple(frames[0].shape)
+            if shape not in self._sizes:
+                self._sizes.add(shape)
+                self.pipeline.warmup(shape, log=lambda _: None)
 
     def _settle(self, step: PendingStep, items: list, t0: float):
         try:

@@ -70,12 +70,15 @@ class QueuedStep:
 @dataclass
 class PendingChunk:
     """One session's chunk whose faces are planned and queued: its frames, its planned faces (image indices
-    within the chunk) and the Track of each."""
+    within the chunk), the Track of each, and what each face's landmarks are held to: its track's last detection
+    as of its frame (a later frame of the chunk may be detected before the chunk settles) and the frames since."""
 
     session: "VideoPipeline"
     frames: list                    # emonet.io.video.Frame
     pending: Pending
     tracks: list
+    references: list = field(default_factory=list)  # per face, (4,) x1, y1, x2, y2
+    since: list = field(default_factory=list)       # per face, frames since that detection
 
 
 @dataclass
@@ -189,7 +192,8 @@ class Scheduler:
         faces = [f for chunk in step.chunks for f in chunk.pending.faces]
         # Row by row, as each session alone: a track is in one session's chunk only.
         held, ok = set_many_landmarks([t for chunk in step.chunks for t in chunk.tracks], outputs.landmarks,
-                                      [f.frame for f in faces])
+                                      references=[r for chunk in step.chunks for r in chunk.references],
+                                      since=[n for chunk in step.chunks for n in chunk.since])
         own = landmarks_boxes(outputs.landmarks)  # each face's own box: the detection's, else its landmarks'
         detected = np.array([f.detected for f in faces], bool)
         for k, face in enumerate(faces):
@@ -354,7 +358,7 @@ class VideoPipeline:
         self.need_detection = False
         chunk, flags, whole_only = take.chunk, take.flags, take.whole_only
         detections = iter(take.boxes)
-        planned, tracks = [], []
+        planned, tracks, references, since = [], [], [], []
         max_faces = self.pipeline.max_faces
         for i, (frame, is_det) in enumerate(zip(chunk, flags)):
             if is_det:
@@ -380,7 +384,9 @@ class VideoPipeline:
                     # No detector score: the detector did not see this frame (rows say detected=0).
                     planned.append(PlannedFace(i, frame.index, track.id, None, float("nan"), False, matrix))
                 tracks.append(track)
-        return PendingChunk(self, chunk, Pending(planned), tracks)
+                references.append(track.det_box if track.det_box is not None else track.box)
+                since.append(frame.index - track.det_frame)
+        return PendingChunk(self, chunk, Pending(planned), tracks, references, since)
 
     def settle_outputs(self, chunk: PendingChunk, outputs: Outputs, held: np.ndarray, lost: bool) -> SettledChunk:
         """Hand each track its landmarks' box as held to its bounds (``held``, from :meth:`Scheduler.settle`), and
@@ -397,7 +403,8 @@ class VideoPipeline:
             if face.detected:
                 boxes.append(face.box)
             else:
-                track.box = box.copy()
+                if face.frame > track.det_frame:  # not older than the track's last detection (a later frame's)
+                    track.box = box.copy()
                 boxes.append(box.copy())
         if len({f.image for f in faces}) < len(chunk.frames):  # a frame without a face
             self.need_detection = True

@@ -34,3 +34,27 @@ def test_a_losing_streams_standby_rides_with_another_streams_detection(reference
     assert launches == [2]  # the look again came from the standby: no call of its own
     assert [f.detected for f in a.results(settled_a)[0]] == [True]
     assert np.isfinite([f.score for f in b.results(settled_b)[0]]).all()
+
+
+def test_a_face_between_detections_is_held_to_the_detection_before_it_not_a_later_one(reference_model):
+    # A face moving fast; frames 0 and 5 are detected. Frames 1-4 are cropped from frame 0's detection, and their
+    # boxes are held to it: the same boxes whether frame 5 is in their chunk (detected before the chunk settles)
+    # or in the next one.
+    frames = []
+    for k in range(6):
+        image, _ = small_faces_scene(widths=(300,), places=((500 + 30 * k, 300),))
+        frames.append(Frame(index=k, timestamp=k / 30, host=image))
+    pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)), BlazeFaceDetector("cpu"))
+
+    def boxes(chunks):
+        session = VideoPipeline(pipeline, detect_every=5, smooth=False, standby=False)
+        out = []
+        for chunk in chunks:
+            flags, queued = session.detect(chunk)
+            out += session.finish(session.launch(chunk, flags, queued))
+        assert [len(faces) for faces in out] == [1] * len(out)
+        return [faces[0].box for faces in out]
+
+    together, apart = boxes([frames]), boxes([frames[:5], frames[5:]])
+    assert not np.allclose(together[0], together[5], atol=50)  # the face moved
+    np.testing.assert_allclose(np.array(together[1:5]), np.array(apart[1:5]), atol=1e-3)  # px

@@ -3,6 +3,7 @@ limits, disconnects, concurrent streams and shutdown."""
 import contextlib
 import io
 import json
+import os
 import re
 import signal
 import socket
@@ -268,3 +269,51 @@ def test_a_port_in_use_is_one_line_before_the_model_loads():
                               "--port", str(port)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(f"error: cannot listen on 127.0.0.1:{port}")
     assert "EmoNet (" not in out.stderr
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+def test_the_gpu_loop_runs_in_a_process_of_its_own_and_its_end_is_said_not_hung(clip_frames):
+    proc, url = start_server()
+    try:
+        with connect(ws_url(url), max_size=None) as ws:
+            ws.send(clip_frames[0])
+            assert "faces" in json.loads(ws.recv(timeout=120))
+            (loop_pid,) = children(proc.pid)
+            os.kill(loop_pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while httpx.get(f"{url}/health").status_code == 200 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            health = httpx.get(f"{url}/health")
+            assert health.status_code == 503 and "killed by SIGKILL" in health.json()["why"]
+            ws.send(clip_frames[1])  # the stream is told, frame by frame, and the server goes on
+            reply = json.loads(ws.recv(timeout=30))
+            assert reply["frame"] == 1 and "killed by SIGKILL" in reply["error"]
+        analyze = httpx.post(f"{url}/v1/analyze", files={"image": ("a.jpg", clip_frames[0], "image/jpeg")})
+        assert analyze.status_code == 503 and "killed by SIGKILL" in analyze.json()["detail"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert "Traceback" not in proc.stderr.read()
+
+
+def test_a_server_killed_outright_leaves_no_gpu_loop_behind():
+    proc, url = start_server()
+    (loop_pid,) = children(proc.pid)
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{loop_pid}").exists() and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(loop_pid, os.WNOHANG)  # (not ours to reap: an orphan goes to init, which does)
+        time.sleep(0.1)
+    stat = Path(f"/proc/{loop_pid}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"

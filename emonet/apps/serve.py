@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from ..serve.app import ServeConfig, create_app
+        from ..serve.app import ServeConfig, create_app, live_config
+        from ..serve.loop_process import LoopProcess
     except ImportError as exc:
         raise InputError(f"emonet-serve needs its extra: pip install \"emonet[serve]\" ({exc.name} is missing)") from None
     with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as probe:
@@ -77,14 +78,11 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise InputError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); choose another --port "
                              f"or --host") from None
-    from ..build import build_pipeline
-
-    options = model_options(args)
-    pipeline = build_pipeline(options)
-    pipeline.warmup()
     config = ServeConfig(max_streams=args.max_streams, max_image_bytes=int(args.max_image_mb * (1 << 20)),
                          max_batch=args.max_batch, detect_every=args.detect_every, smooth=args.smooth)
-    app = create_app(pipeline, config)
+    # The model loads (and warms) in the loop's own process; a checkpoint it cannot load is one line here.
+    loop = LoopProcess(model_options(args), live_config(config), gpu_decode=config.gpu_decode)
+    app = create_app(loop, config)
     print(f"emonet-serve: http://{args.host}:{args.port}/ (the page), /v1/analyze, /v1/stream, /health, /metrics; "
           f"Ctrl-C stops it", file=sys.stderr, flush=True)
     # uvicorn stops gracefully on Ctrl-C or SIGTERM, then raises the signal again for the handler it found:

@@ -68,10 +68,12 @@ class HelperClient:
     """
 
     def __init__(self, name: str, proc: subprocess.Popen, handlers: dict[str, Callable[..., None]], thread: str,
-                 unsent: Optional[Callable[[tuple, str], None]] = None) -> None:
+                 unsent: Optional[Callable[[tuple, str], None]] = None,
+                 on_end: Optional[Callable[[], None]] = None) -> None:
         """``name``: the helper in messages (``"drawing"``); ``proc``: from :func:`start_helper`; ``thread``: the
         listener's name (the sender's adds ``-send``); ``unsent(message, why)``: for each message not written
-        because the process had ended (without it, the write is dropped and the listener says why)."""
+        because the process had ended (without it, the write is dropped and the listener says why); ``on_end()``:
+        called in the listener thread, holding :attr:`state`, once the output has ended (:attr:`failure` set)."""
         self.name = name
         self.proc = proc
         self.state = threading.Condition()
@@ -81,6 +83,7 @@ class HelperClient:
         self.ended = False    # its output has ended
         self._handlers = dict(handlers)
         self._unsent = unsent
+        self._on_end = on_end
         self._outbox: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._sender = threading.Thread(target=self._write, name=f"{thread}-send", daemon=True)
         self._listener = threading.Thread(target=self._listen, name=thread, daemon=True)
@@ -158,4 +161,6 @@ class HelperClient:
             self.ended = True
             if not self.closing or (code != 0 and not self.killed):
                 self.fail(died(self.name, self.proc))
+            if self._on_end is not None:
+                self._on_end()
             self.state.notify_all()

@@ -10,8 +10,10 @@
 - ``GET /``: the browser page (webcam -> stream -> drawn results).
 
 Every stream, and every analyze request, is a session of one :class:`~emonet.video.live.LiveLoop`: the video
-runtime's scheduler, stepping every session that has frames on one GPU loop. Nothing is kept between
-requests, and a stream's state lives with its connection, so replicas scale behind any load balancer.
+runtime's scheduler, stepping every session that has frames on one GPU loop, which runs in a process of its own
+(:class:`~emonet.serve.loop_process.LoopProcess`) so that this server's event loop never waits for its
+interpreter. Nothing is kept between requests, and a stream's state lives with its connection, so replicas scale
+behind any load balancer.
 """
 from __future__ import annotations
 
@@ -34,11 +36,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from PIL import Image
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ..io.jpeg import gpu_decoder
-from ..pipeline import Pipeline
-from ..provenance import provenance
 from ..results import face_record
-from ..video.live import DROPPED, FrameError, LiveConfig, LiveLoop, LiveResult
+from ..video.live import DROPPED, FrameError, LiveConfig, LiveResult
+from .loop_process import LoopProcess
 
 # Frames of one stream read but not yet answered, at most: past them its socket is not read (the client's
 # sends then wait), so a client that never reads its answers cannot make the server hold more.
@@ -59,6 +59,11 @@ class ServeConfig:
     gpu_decode: bool = True               # JPEG frames decoded on the GPU where it can (nvJPEG)
     max_pending: int = 128                # analyze requests in flight at once; beyond, 503 "busy"
     idle_seconds: float = 60.0            # a stream that sends nothing this long is closed
+
+
+def live_config(config: ServeConfig) -> LiveConfig:
+    """How the service's live loop tracks and steps its streams."""
+    return LiveConfig(detect_every=config.detect_every, smooth=config.smooth, max_frames=config.max_batch)
 
 
 class BadImage(ValueError):
@@ -127,35 +132,33 @@ class Metrics:
         self.batch_seconds.observe(seconds)
 
 
-def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastAPI:
-    """The service over a loaded ``pipeline`` (it owns it from now: one thread runs it)."""
-    engine = pipeline.engine
-    names = engine.class_names
+def create_app(loop: LoopProcess, config: ServeConfig = ServeConfig()) -> FastAPI:
+    """The service over a started ``loop`` (made with :func:`live_config`; the app owns it from now and closes it
+    when it stops)."""
+    names = loop.about["class_names"]
+    untrained = loop.about["untrained"]
     metrics = Metrics()
-    jpeg = gpu_decoder(engine.device) if config.gpu_decode else None
-    about = {**provenance(engine), "untrained": engine.untrained, "detector": pipeline.detector.name,
-             "jpeg_decoder": "nvjpeg" if jpeg is not None else "cpu"}
-    state = {"loop": None, "streams": 0, "pending": 0}
+    loop.on_step = metrics.step
+    jpeg = loop.about["jpeg_decoder"] == "nvjpeg"  # JPEG frames go as they are, decoded there on the GPU
+    about = {k: v for k, v in loop.about.items() if k != "class_names"}
+    state = {"streams": 0, "pending": 0}
     # Decoding on the CPU takes memory (up to max_pixels x 3 bytes an image): a few at a time, whoever sends them.
     decoding = asyncio.Semaphore(4)
 
     async def prepare(data: bytes, pixels: Optional[int] = None):
         """What the loop takes of an upload: JPEG bytes as they are where the GPU decodes them (their header
         checked), else the RGB pixels decoded here."""
-        if check_image(data, config, pixels) and jpeg is not None:
+        if check_image(data, config, pixels) and jpeg:
             return data
         async with decoding:
             return await asyncio.to_thread(decode_image, data)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        live = LiveConfig(detect_every=config.detect_every, smooth=config.smooth, max_frames=config.max_batch)
-        state["loop"] = LiveLoop(pipeline, live, decode_jpeg=jpeg, on_step=metrics.step,
-                                 on_drop=metrics.frames.labels("dropped").inc)
         try:
             yield
         finally:
-            await asyncio.to_thread(state["loop"].close)
+            await asyncio.to_thread(loop.close)
 
     app = FastAPI(title="emonet", summary="EmoNet: expression, valence, arousal and landmarks of faces",
                   lifespan=lifespan)
@@ -181,8 +184,11 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
                                        "curl -F image=@photo.jpg does"}, status_code=422)
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ready", **about, "streams": state["streams"], "max_streams": config.max_streams}
+    async def health() -> JSONResponse:
+        if not loop.alive:  # a load balancer sends no more work here
+            return JSONResponse({"status": "stopped", "why": loop.failure or "the live loop has stopped"}, 503)
+        return JSONResponse({"status": "ready", **about, "streams": state["streams"],
+                             "max_streams": config.max_streams})
 
     @app.post("/v1/analyze")
     async def analyze(image: UploadFile = File(...)) -> JSONResponse:
@@ -191,13 +197,15 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
             metrics.requests.labels("503").inc()
             raise HTTPException(503, f"the server is busy ({config.max_pending} requests in hand); try again shortly")
         state["pending"] += 1
-        loop: LiveLoop = state["loop"]
         session = loop.open(one_shot=True)
         try:
             data = await image.read(config.max_image_bytes + 1)
             try:
                 payload = await prepare(data)
                 result: LiveResult = await asyncio.wrap_future(loop.submit(session, payload))
+            except RuntimeError as exc:  # the live loop has stopped (its process ended): nothing is read here now
+                metrics.requests.labels("503").inc()
+                raise HTTPException(503, f"the service cannot analyse images now: {exc}") from None
             except BadImage as exc:
                 metrics.requests.labels(str(exc.status)).inc()
                 raise HTTPException(exc.status, f"{image.filename or 'image'}: {exc}") from None
@@ -211,7 +219,7 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
         metrics.latency.labels("analyze").observe(time.perf_counter() - t0)
         height, width = result.shape[:2]
         return JSONResponse({"faces": [face_record(face, names) for face in result.faces], "width": width,
-                             "height": height, "untrained": engine.untrained})
+                             "height": height, "untrained": untrained})
 
     @app.websocket("/v1/stream")
     async def stream(socket: WebSocket) -> None:
@@ -229,7 +237,6 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
             return
         state["streams"] += 1
         metrics.streams.inc()
-        loop: LiveLoop = state["loop"]
         session = loop.open()
         answers: asyncio.Queue = asyncio.Queue(ANSWERS_HELD)
         start = time.perf_counter()
@@ -252,7 +259,7 @@ def create_app(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> FastA
                     if data is None:
                         raise BadImage("send each frame as one binary message (JPEG or PNG bytes)")
                     outcome = loop.submit(session, await prepare(data, config.max_frame_pixels), index, received)
-                except BadImage as exc:
+                except (BadImage, RuntimeError) as exc:  # a bad frame; or the live loop has stopped: said, in order
                     outcome = exc
                 try:  # a client that does not read its answers is not waited for longer than a silent one
                     await asyncio.wait_for(answers.put((index, received, outcome)), config.idle_seconds)
@@ -294,6 +301,9 @@ async def _send_answers(socket: WebSocket, answers: asyncio.Queue, start: float,
         if isinstance(outcome, BadImage):
             reply["error"] = str(outcome)
             metrics.frames.labels("bad").inc()
+        elif isinstance(outcome, Exception):
+            reply["error"] = f"the analysis failed: {outcome}"
+            metrics.frames.labels("failed").inc()
         else:
             try:
                 result: LiveResult = await asyncio.wrap_future(outcome)
@@ -305,7 +315,8 @@ async def _send_answers(socket: WebSocket, answers: asyncio.Queue, start: float,
                 metrics.frames.labels("failed").inc()
             else:
                 if isinstance(result.faces, str) and result.faces == DROPPED:
-                    reply["dropped"] = True  # counted by the loop as it drops it
+                    reply["dropped"] = True
+                    metrics.frames.labels("dropped").inc()
                 else:
                     reply["faces"] = [face_record(face, names) for face in result.faces]
                     reply.update(width=result.shape[1], height=result.shape[0])

@@ -1,0 +1,235 @@
+"""The service's GPU loop in a process of its own: the web server's event loop and the live loop never share an
+interpreter.
+
+Every stream's frames go through one :class:`~emonet.video.live.LiveLoop`; its host work (each session's tracking,
+planning and results, the detector's and the engine's launches) and the web server's (reading frames off the
+sockets, writing JSON) each take most of a core at a few dozen streams, and in one process they would take turns
+holding one interpreter. :class:`LoopProcess` starts the loop in a helper process (:mod:`emonet.io.helper`: a
+fresh interpreter, pipes both ways, one Ctrl-C policy) and speaks to it as the loop itself is spoken to:
+:meth:`~LoopProcess.open`, :meth:`~LoopProcess.submit` (a future per frame), :meth:`~LoopProcess.close_session`,
+:meth:`~LoopProcess.close`. The frames go over as their encoded bytes (decoded on the GPU there) or as RGB
+pixels; the answers come back as :class:`~emonet.video.live.LiveResult`\\ s.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import asdict
+from itertools import count
+from typing import Callable, Optional, Union
+
+import numpy as np
+
+from ..build import ModelOptions
+from ..errors import InputError
+from ..io.helper import HelperClient, start_helper
+from ..video.live import FrameError, LiveConfig
+
+FAST_EXIT = True  # the helper: every answer is written before main returns; the CUDA tear-down is not waited for
+
+StepHook = Callable[[int, int, float], None]
+
+
+class LoopProcess:
+    """The live loop of :mod:`emonet.video.live` in a process of its own (see the module); the model is loaded
+    and warmed there before the constructor returns."""
+
+    def __init__(self, options: ModelOptions, live: LiveConfig = LiveConfig(), gpu_decode: bool = True,
+                 on_step: Optional[StepHook] = None) -> None:
+        """``gpu_decode``: JPEG frames decoded on the GPU there where it can; ``on_step(frames, faces, seconds)``: each
+        step's figures, called in this process's listener thread. Raises :class:`~emonet.errors.InputError` with
+        the loader's one line where the model cannot be loaded (a missing checkpoint, say)."""
+        self.on_step = on_step
+        self.about: Optional[dict] = None  # what it runs (provenance, detector, JPEG decoder, class names)
+        self._refused: Optional[str] = None
+        self._futures: dict[int, tuple[int, Future]] = {}  # request -> (session, its answer)
+        self._lock = threading.Lock()
+        self._ids = count()
+        spec = json.dumps({"options": asdict(options), "live": asdict(live), "gpu_decode": gpu_decode})
+        self._helper = HelperClient(
+            "GPU loop", start_helper("emonet.serve.loop_process:main", spec),
+            {"ready": self._ready, "refused": self._refuse, "answer": self._answer, "failed": self._failed,
+             "cancelled": self._cancelled, "step": self._step},
+            thread="emonet-loop", on_end=self._ended)
+        self._helper.start()
+        with self._helper.state:
+            self._helper.state.wait_for(lambda: self.about is not None or self._refused or self._helper.ended)
+        if self.about is None:
+            why = self._refused
+            self._helper.close(kill=True)
+            if why is not None:
+                raise InputError(why)
+            raise RuntimeError(self._helper.failure or "the GPU loop process did not start")
+
+    # -- what the service calls (any thread) --------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        """Whether the loop still takes frames."""
+        return not (self._helper.ended or self._helper.closing)
+
+    @property
+    def failure(self) -> Optional[str]:
+        """Why the loop's process ended, where it ended unasked."""
+        return self._helper.failure
+
+    def open(self, one_shot: bool = False) -> int:
+        """A new session (see :meth:`emonet.video.live.LiveLoop.open`): its number."""
+        session = next(self._ids)
+        self._helper.send(("open", session, one_shot))
+        return session
+
+    def submit(self, session: int, payload: Union[np.ndarray, bytes], index: Optional[int] = None,
+               timestamp: Optional[float] = None) -> Future:
+        """Queue the session's next frame (see :meth:`emonet.video.live.LiveLoop.submit`); a refusal there comes
+        back on the future."""
+        if not self.alive:
+            raise RuntimeError(self._helper.failure or "the live loop has stopped")
+        request, future = next(self._ids), Future()
+        with self._lock:
+            self._futures[request] = (session, future)
+        self._helper.send(("frame", session, request, payload, index, timestamp))
+        return future
+
+    def close_session(self, session: int) -> None:
+        """The client has gone: its frames not yet answered are cancelled, here and there."""
+        self._helper.send(("close", session))
+        with self._lock:
+            mine = [r for r, (s, _) in self._futures.items() if s == session]
+            futures = [self._futures.pop(r)[1] for r in mine]
+        for future in futures:
+            future.cancel()
+
+    def close(self) -> None:
+        """Answer every frame submitted, then stop the loop and its process."""
+        self._helper.close()
+        self._fail_all(RuntimeError("the live loop has stopped"))
+
+    # -- the listener thread ------------------------------------------------------------------------------
+    def _ready(self, about: dict) -> None:
+        self.about = about
+
+    def _refuse(self, why: str) -> None:
+        self._refused = why
+
+    def _take(self, request: int) -> Optional[Future]:
+        with self._lock:
+            entry = self._futures.pop(request, None)
+        if entry is None or not entry[1].set_running_or_notify_cancel():
+            return None  # its session closed, or its client stopped waiting
+        return entry[1]
+
+    def _answer(self, request: int, result) -> None:
+        future = self._take(request)
+        if future is not None:
+            future.set_result(result)
+
+    def _failed(self, request: int, bad_frame: bool, why: str) -> None:
+        future = self._take(request)
+        if future is not None:
+            future.set_exception(FrameError(why) if bad_frame else RuntimeError(why))
+
+    def _cancelled(self, request: int) -> None:
+        with self._lock:
+            entry = self._futures.pop(request, None)
+        if entry is not None:
+            entry[1].cancel()
+
+    def _step(self, frames: int, faces: int, seconds: float) -> None:
+        if self.on_step is not None:
+            try:
+                self.on_step(frames, faces, seconds)
+            except Exception:  # noqa: BLE001 - a figure not recorded is no reason to stop answering
+                pass
+
+    def _ended(self) -> None:
+        self._fail_all(RuntimeError(self._helper.failure or "the live loop has stopped"))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._lock:
+            futures = [f for _, f in self._futures.values()]
+            self._futures.clear()
+        for future in futures:
+            try:
+                if future.set_running_or_notify_cancel():
+                    future.set_exception(exc)
+            except InvalidStateError:  # answered meanwhile
+                pass
+
+
+def main(spec: str) -> int:
+    """The helper process: load the model, run the live loop, take sessions and frames from standard input and
+    write their answers to standard output until its input ends."""
+    from ..build import build_pipeline
+    from ..io.ipc import messages, send
+    from ..io.jpeg import gpu_decoder
+    from ..provenance import provenance
+    from ..video.live import LiveLoop
+
+    # The messages keep the process's standard output to themselves: anything printed goes to standard error.
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    config = json.loads(spec)
+    try:
+        pipeline = build_pipeline(ModelOptions(**config["options"]))
+        pipeline.warmup()
+    except InputError as exc:
+        send(out, ("refused", str(exc)))
+        return 2
+    engine = pipeline.engine
+    jpeg = gpu_decoder(engine.device) if config["gpu_decode"] else None
+    outbox: "queue.SimpleQueue[Optional[tuple]]" = queue.SimpleQueue()
+    outbox.put(("ready", {**provenance(engine), "untrained": engine.untrained, "detector": pipeline.detector.name,
+                          "jpeg_decoder": "nvjpeg" if jpeg is not None else "cpu",
+                          "class_names": list(engine.class_names)}))
+
+    def write() -> None:
+        # One thread writes: an answer is pickled here, not in the loop's thread, which called back with it.
+        while (item := outbox.get()) is not None:
+            if item[0] == "done":
+                item = _outcome(*item[1:])
+            send(out, item)
+
+    writer = threading.Thread(target=write, name="emonet-loop-write", daemon=True)
+    writer.start()
+    loop = LiveLoop(pipeline, LiveConfig(**config["live"]), decode_jpeg=jpeg,
+                    on_step=lambda *figures: outbox.put(("step", *figures)))
+    sessions = {}
+    try:
+        for message in messages(sys.stdin.buffer):
+            kind = message[0]
+            if kind == "frame":
+                _, session, request, payload, index, timestamp = message
+                try:
+                    future = loop.submit(sessions[session], payload, index, timestamp)
+                except Exception as exc:  # noqa: BLE001 - a refused frame is said to its client
+                    outbox.put(("failed", request, False, str(exc)))
+                    continue
+                future.add_done_callback(lambda f, request=request: outbox.put(("done", request, f)))
+            elif kind == "open":
+                sessions[message[1]] = loop.open(one_shot=message[2])
+            elif kind == "close":
+                session = sessions.pop(message[1], None)
+                if session is not None:
+                    loop.close_session(session)
+    finally:
+        loop.close()  # every frame taken is answered
+        outbox.put(None)
+        writer.join()
+        out.close()
+    return 0
+
+
+def _outcome(request: int, future: Future) -> tuple:
+    """A frame's answer as a message."""
+    if future.cancelled():
+        return ("cancelled", request)
+    exc = future.exception()
+    if exc is not None:
+        if isinstance(exc, FrameError):
+            return ("failed", request, True, str(exc))
+        return ("failed", request, False, f"{type(exc).__name__}: {exc}")
+    return ("answer", request, future.result())

@@ -124,28 +124,51 @@ class HelperClient:
 
     def _write(self) -> None:
         # A thread: a message may be larger than the pipe holds, and the caller would wait for the helper
-        # to read it, which it does once it has finished the work before.
+        # to read it, which it does once it has finished the work before. The messages queued meanwhile go in
+        # one write (a write lets go of the interpreter, which a busy thread beside this one may then hold for a
+        # switch interval); one with an ``after`` goes once those before it are written.
         from . import ipc  # NumPy with it: not in every helper's first import
 
-        broken = False
+        broken, ending = False, False
         try:
-            while (item := self._outbox.get()) is not None:
-                message, data, after = item
-                if after is not None:
-                    after()
-                if not broken:
+            while not ending:
+                items = [self._outbox.get()]
+                while items[-1] is not None:
                     try:
-                        self.proc.stdin.write(data if data is not None else ipc.frame(message))
-                        self.proc.stdin.flush()
-                    except (BrokenPipeError, OSError):  # it has ended: the listener says why
-                        broken = True
-                if broken and self._unsent is not None:
-                    self._unsent(message, died(self.name, self.proc))
+                        items.append(self._outbox.get_nowait())
+                    except queue.Empty:
+                        break
+                if items[-1] is None:
+                    ending = True
+                    items.pop()
+                written, chunks = [], []
+                for message, data, after in items:
+                    if after is not None:
+                        broken = self._put(chunks, written, broken)
+                        after()
+                    chunks.append(data if data is not None else ipc.frame(message))
+                    written.append(message)
+                broken = self._put(chunks, written, broken)
         finally:  # its input ends however this thread does, so the process ends too
             try:
                 self.proc.stdin.close()
             except OSError:
                 pass
+
+    def _put(self, chunks: list, messages: list, broken: bool) -> bool:
+        """Write the framed ``chunks`` (of ``messages``) at once and empty both lists; whether the pipe is broken."""
+        if chunks and not broken:
+            try:
+                self.proc.stdin.write(b"".join(chunks))
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError):  # it has ended: the listener says why
+                broken = True
+        if broken and self._unsent is not None:
+            for message in messages:
+                self._unsent(message, died(self.name, self.proc))
+        chunks.clear()
+        messages.clear()
+        return broken
 
     def _listen(self) -> None:
         from . import ipc

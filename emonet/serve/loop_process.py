@@ -27,11 +27,16 @@ import numpy as np
 from ..build import ModelOptions
 from ..errors import InputError
 from ..io.helper import HelperClient, start_helper
-from ..video.live import FrameError, LiveConfig
+from ..video.live import DROPPED, FrameError, LiveConfig, LiveResult
 
 FAST_EXIT = True  # the helper: every answer is written before main returns; the CUDA tear-down is not waited for
 
 StepHook = Callable[[int, int, float], None]
+
+# A stream's frames on their way to the loop or in it, not yet answered, at most: the loop holds a couple waiting
+# and a couple in each of its two steps in flight; past that, the pipes are behind, and a new frame is answered
+# dropped here at once (what a client makes the two processes hold stays bounded whatever it sends).
+IN_FLIGHT = 8
 
 
 class LoopProcess:
@@ -47,6 +52,7 @@ class LoopProcess:
         self.about: Optional[dict] = None  # what it runs (provenance, detector, JPEG decoder, class names)
         self._refused: Optional[str] = None
         self._futures: dict[int, tuple[int, Future]] = {}  # request -> (session, its answer)
+        self._in_flight: dict[int, int] = {}  # session -> its requests in _futures
         self._lock = threading.Lock()
         self._ids = count()
         spec = json.dumps({"options": asdict(options), "live": asdict(live), "gpu_decode": gpu_decode})
@@ -90,7 +96,11 @@ class LoopProcess:
             raise RuntimeError(self._helper.failure or "the live loop has stopped")
         request, future = next(self._ids), Future()
         with self._lock:
+            if self._in_flight.get(session, 0) >= IN_FLIGHT:
+                future.set_result(LiveResult(DROPPED))
+                return future
             self._futures[request] = (session, future)
+            self._in_flight[session] = self._in_flight.get(session, 0) + 1
         self._helper.send(("frame", session, request, payload, index, timestamp))
         return future
 
@@ -100,6 +110,7 @@ class LoopProcess:
         with self._lock:
             mine = [r for r, (s, _) in self._futures.items() if s == session]
             futures = [self._futures.pop(r)[1] for r in mine]
+            self._in_flight.pop(session, None)
         for future in futures:
             future.cancel()
 
@@ -118,6 +129,8 @@ class LoopProcess:
     def _take(self, request: int) -> Optional[Future]:
         with self._lock:
             entry = self._futures.pop(request, None)
+            if entry is not None:
+                self._leave(entry[0])
         if entry is None or not entry[1].set_running_or_notify_cancel():
             return None  # its session closed, or its client stopped waiting
         return entry[1]
@@ -135,8 +148,18 @@ class LoopProcess:
     def _cancelled(self, request: int) -> None:
         with self._lock:
             entry = self._futures.pop(request, None)
+            if entry is not None:
+                self._leave(entry[0])
         if entry is not None:
             entry[1].cancel()
+
+    def _leave(self, session: int) -> None:
+        """One of ``session``'s requests is answered (holding the lock)."""
+        left = self._in_flight.get(session, 0) - 1
+        if left > 0:
+            self._in_flight[session] = left
+        else:
+            self._in_flight.pop(session, None)
 
     def _step(self, frames: int, faces: int, seconds: float) -> None:
         if self.on_step is not None:
@@ -152,6 +175,7 @@ class LoopProcess:
         with self._lock:
             futures = [f for _, f in self._futures.values()]
             self._futures.clear()
+            self._in_flight.clear()
         for future in futures:
             try:
                 if future.set_running_or_notify_cancel():
@@ -164,7 +188,7 @@ def main(spec: str) -> int:
     """The helper process: load the model, run the live loop, take sessions and frames from standard input and
     write their answers to standard output until its input ends."""
     from ..build import build_pipeline
-    from ..io.ipc import messages, send
+    from ..io.ipc import frame, messages, send
     from ..io.jpeg import gpu_decoder
     from ..provenance import provenance
     from ..video.live import LiveLoop
@@ -187,11 +211,20 @@ def main(spec: str) -> int:
                           "class_names": list(engine.class_names)}))
 
     def write() -> None:
-        # One thread writes: an answer is pickled here, not in the loop's thread, which called back with it.
-        while (item := outbox.get()) is not None:
-            if item[0] == "done":
-                item = _outcome(*item[1:])
-            send(out, item)
+        # One thread writes: an answer is pickled here, not in the loop's thread, which called back with it; the
+        # answers come in runs (a step's), and a run goes in one write (see emonet.io.ipc.messages).
+        while True:
+            items = [outbox.get()]
+            while items[-1] is not None:
+                try:
+                    items.append(outbox.get_nowait())
+                except queue.Empty:
+                    break
+            done = items[-1] is None
+            out.write(b"".join(frame(_outcome(*item[1:]) if item[0] == "done" else item) for item in items if item))
+            out.flush()
+            if done:
+                return
 
     writer = threading.Thread(target=write, name="emonet-loop-write", daemon=True)
     writer.start()

@@ -90,6 +90,24 @@ def test_an_overloaded_stream_is_answered_in_order_its_stale_frames_dropped_hold
     assert all(r.shape == clip[0].shape for r in read)
 
 
+def test_a_frame_older_than_max_age_when_its_turn_comes_is_answered_dropped_in_order(pipeline, clip):
+    import time
+    loop = LiveLoop(pipeline, LiveConfig(max_age=5.0, max_waiting=4))
+    try:
+        session = loop.open()
+        now = time.perf_counter()
+        # Frames 0 and 2 were read a minute ago (a client's frames stuck before the loop); 1 and 3 just now.
+        ages = [60.0, 0.0, 60.0, 0.0]
+        futures = [loop.submit(session, clip[k], timestamp=now - age) for k, age in enumerate(ages)]
+        results = [f.result(timeout=300) for f in futures]
+        one_shot = loop.open(one_shot=True)  # an image is never too old: it is no stream
+        photo = loop.submit(one_shot, clip[0], timestamp=now - 60.0).result(timeout=300)
+    finally:
+        loop.close()
+    assert [r.faces == DROPPED for r in results] == [True, False, True, False]
+    assert all(len(r.faces) == 1 for r in results[1::2]) and photo.faces != DROPPED
+
+
 def test_a_one_shot_session_reads_an_image_as_the_photo_tool_does(pipeline):
     photo = read_image(SAMPLE_PHOTO)
     loop = LiveLoop(pipeline)

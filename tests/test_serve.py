@@ -219,7 +219,8 @@ def test_concurrent_streams_lose_and_reorder_nothing_and_share_batches(server, c
 
 def test_a_load_of_paced_streams_loses_and_reorders_nothing(server, clip_frames):
     from emonet.bench.load import run_load
-    result = run_load(server, clip_frames, streams=2, fps=2.0, seconds=2.0)  # bounded: 8 frames, loopback
+    # Bounded: 8 frames, loopback; a client process a stream (as past 16 streams), their results merged.
+    result = run_load(server, clip_frames, streams=2, fps=2.0, seconds=2.0, per_process=1)
     assert (result.sent, result.lost, result.out_of_order, result.errors) == (8, 0, 0, [])
     assert len(result.latencies) == 8 and result.mean_batch is not None and result.mean_batch >= 1
     assert result.dropped == 0 and result.row().startswith("| 2 | 2 | 8 | 8 | 0 | 0 | 0 |")
@@ -317,3 +318,9 @@ def test_a_server_killed_outright_leaves_no_gpu_loop_behind():
         time.sleep(0.1)
     stat = Path(f"/proc/{loop_pid}/stat")
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_negative_max_age_is_one_line():
+    out = subprocess.run([sys.executable, "-m", "emonet.apps.serve", "--max-age-ms", "-1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].endswith("--max-age-ms must be 0 or more, not -1 (see serve.py --help)")

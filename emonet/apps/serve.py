@@ -48,6 +48,10 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     limits.add_argument("--detect-every", type=int, default=5, metavar="N",
                         help="streams: run the detector every N frames and follow faces between, as emonet-video "
                              "(default: 5)")
+    limits.add_argument("--max-age-ms", type=float, default=50.0, metavar="MS",
+                        help="streams, on a GPU: a frame already this old when its turn comes is answered dropped, "
+                             "so an overloaded server answers fresh frames rather than late ones; 0: never for its "
+                             "age (default: 50; on a CPU, where a step takes longer, never)")
     limits.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=True,
                         help="temporal smoothing per face in streams (default: on)")
     add_model_arguments(parser)
@@ -59,6 +63,8 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
             parser.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
     if args.max_image_mb <= 0:
         parser.error("--max-image-mb must be positive")
+    if args.max_age_ms < 0:
+        parser.error(f"--max-age-ms must be 0 or more, not {args.max_age_ms:g}")
     return args
 
 
@@ -79,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); choose another --port "
                              f"or --host") from None
     config = ServeConfig(max_streams=args.max_streams, max_image_bytes=int(args.max_image_mb * (1 << 20)),
-                         max_batch=args.max_batch, detect_every=args.detect_every, smooth=args.smooth)
+                         max_batch=args.max_batch, detect_every=args.detect_every, smooth=args.smooth,
+                         max_age=args.max_age_ms / 1000 if args.max_age_ms > 0 else None)
     # The model loads (and warms) in the loop's own process; a checkpoint it cannot load is one line here.
     loop = LoopProcess(model_options(args), live_config(config), gpu_decode=config.gpu_decode)
     app = create_app(loop, config)

@@ -56,6 +56,7 @@ class ServeConfig:
     max_batch: int = 64                   # frames per GPU step (every stream's together)
     detect_every: int = 5                 # streams: the detector's period, in frames (as emonet-video's)
     smooth: bool = True                   # streams: temporal smoothing per face (spec §6)
+    max_age: Optional[float] = 0.05       # streams, on a GPU: a frame this old (s) before its turn is dropped
     gpu_decode: bool = True               # JPEG frames decoded on the GPU where it can (nvJPEG)
     max_pending: int = 128                # analyze requests in flight at once; beyond, 503 "busy"
     idle_seconds: float = 60.0            # a stream that sends nothing this long is closed
@@ -63,7 +64,8 @@ class ServeConfig:
 
 def live_config(config: ServeConfig) -> LiveConfig:
     """How the service's live loop tracks and steps its streams."""
-    return LiveConfig(detect_every=config.detect_every, smooth=config.smooth, max_frames=config.max_batch)
+    return LiveConfig(detect_every=config.detect_every, smooth=config.smooth, max_frames=config.max_batch,
+                      max_age=config.max_age)
 
 
 class BadImage(ValueError):

@@ -18,7 +18,7 @@ import queue
 import sys
 import threading
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from itertools import count
 from typing import Callable, Optional, Union
 
@@ -228,7 +228,10 @@ def main(spec: str) -> int:
 
     writer = threading.Thread(target=write, name="emonet-loop-write", daemon=True)
     writer.start()
-    loop = LiveLoop(pipeline, LiveConfig(**config["live"]), decode_jpeg=jpeg,
+    live = LiveConfig(**config["live"])
+    if engine.device.type != "cuda":
+        live = replace(live, max_age=None)  # a CPU's step takes longer than any frame's age allowed: none dropped for it
+    loop = LiveLoop(pipeline, live, decode_jpeg=jpeg,
                     on_step=lambda *figures: outbox.put(("step", *figures)))
     sessions = {}
     try:

@@ -9,7 +9,9 @@ of every session through the engine in one batch. When no frame waits, the step 
 answered at once. A stream thus gets the same detection cadence, landmark crops, holds and smoothing as a video.
 
 Bounded whatever the clients send: a session holds at most ``max_waiting`` frames not yet stepped; a newer
-frame pushes the oldest out, and that one is answered as dropped (:data:`DROPPED`), in order with the others.
+frame pushes the oldest out, and that one is answered as dropped (:data:`DROPPED`), in order with the others;
+with ``max_age``, a frame already that old when its turn comes is answered dropped too (an overloaded loop
+reads fresh frames, not late ones).
 JPEG frames can be handed in still encoded, to be decoded on the GPU (:mod:`emonet.io.jpeg`) by a thread of their
 own, every frame that has come in since its last call in one call: the decoder waits for its own work on the GPU,
 which queues behind the engine's, and the loop must not wait with it. A step takes only frames decoded already.
@@ -54,6 +56,8 @@ class LiveConfig:
     max_waiting: int = 2            # frames a stream holds before its turn; a newer one drops the oldest
     chunk: int = 2                  # frames of one stream in one step, at most
     max_frames: int = 64            # frames in one step, at most (every stream's together)
+    max_age: Optional[float] = None  # seconds: a stream's frame older than this when its turn comes is answered
+                                     # dropped (its timestamp from time.perf_counter); None: never for its age
 
 
 @dataclass
@@ -199,42 +203,55 @@ class LiveLoop:
 
     def _take(self, wait: bool) -> Optional[list[tuple[LiveSession, list[_Waiting]]]]:
         """Every session's waiting frames, a chunk each, up to max_frames in all, the sessions in turn; waits for
-        one where ``wait``; None once closing with nothing left."""
+        one where ``wait``; None once closing with nothing left. A stream's frame past ``max_age`` is dropped."""
+        stale: list[_Waiting] = []
+        try:
+            with self._lock:
+                return self._take_locked(wait, stale)
+        finally:
+            for item in stale:
+                self._drop(item)
+
+    def _take_locked(self, wait: bool, stale: list) -> Optional[list[tuple[LiveSession, list[_Waiting]]]]:
         config = self.config
-        with self._lock:
-            # A frame is taken once decoded; while closing, the loop waits for those still in the decoder's hands.
-            while wait and not any(s.waiting and not s.waiting[0].encoded for s in self._sessions) and (
-                    not self._closing or any(s.waiting for s in self._sessions)):
-                self._lock.wait()
-            sessions = self._sessions
-            if not sessions:
-                return None if self._closing else []
-            taken, room = [], config.max_frames
-            start = self._turn % len(sessions)
-            order = sessions[start:] + sessions[:start]
-            last = start - 1
-            for k, session in enumerate(order):
-                if not session.waiting:
-                    continue
-                if room <= 0:
-                    break
-                chunk = []
-                while session.waiting and not session.waiting[0].encoded and len(chunk) < min(config.chunk, room):
-                    chunk.append(session.waiting.popleft())
-                if not chunk:
-                    continue
-                room -= len(chunk)
-                taken.append((session, chunk))
-                last = start + k
-            # The next step starts after the last session taken: with more waiting than a step holds, every
-            # stream gets its turn in order.
-            self._turn = last + 1
-            for session, _ in taken:
-                if session.one_shot:
-                    sessions.remove(session)  # its one image is in hand
-            if not taken and self._closing and not any(s.waiting for s in sessions):
-                return None
-            return taken
+        # A frame is taken once decoded; while closing, the loop waits for those still in the decoder's hands.
+        while wait and not any(s.waiting and not s.waiting[0].encoded for s in self._sessions) and (
+                not self._closing or any(s.waiting for s in self._sessions)):
+            self._lock.wait()
+        sessions = self._sessions
+        if not sessions:
+            return None if self._closing else []
+        oldest = time.perf_counter() - config.max_age if config.max_age is not None else None
+        taken, room = [], config.max_frames
+        start = self._turn % len(sessions)
+        order = sessions[start:] + sessions[:start]
+        last = start - 1
+        for k, session in enumerate(order):
+            if not session.waiting:
+                continue
+            if room <= 0:
+                break
+            chunk = []
+            while session.waiting and not session.waiting[0].encoded and len(chunk) < min(config.chunk, room):
+                item = session.waiting.popleft()
+                if oldest is not None and not session.one_shot and item.timestamp < oldest:
+                    stale.append(item)
+                else:
+                    chunk.append(item)
+            if not chunk:
+                continue
+            room -= len(chunk)
+            taken.append((session, chunk))
+            last = start + k
+        # The next step starts after the last session taken: with more waiting than a step holds, every
+        # stream gets its turn in order.
+        self._turn = last + 1
+        for session, _ in taken:
+            if session.one_shot:
+                sessions.remove(session)  # its one image is in hand
+        if not taken and self._closing and not any(s.waiting for s in sessions):
+            return None
+        return taken
 
     def _frames(self, taken: list[tuple[LiveSession, list[_Waiting]]]) -> list[tuple[LiveSession, list[_Waiting], list[Frame]]]:
         """The frames of the items taken; an item whose decoding failed is answered with its error and left out

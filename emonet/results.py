@@ -19,7 +19,7 @@ class FaceResult:
     frame: int                      # index of the image (photos, datasets) or frame (video) it belongs to
     face_id: int                    # video: the track id, stable over frames; photos: the face's index
     box: np.ndarray                 # x1, y1, x2, y2 in image pixels (detector box, or the landmarks' box)
-    score: float                    # detection score (between detections: the track's last one)
+    score: float                    # detection score (between detections: NaN, written as an empty cell or null)
     detected: bool                  # the detector ran on this frame and found this face
     expression: int                 # arg-max class index
     probabilities: np.ndarray       # softmax over the classes

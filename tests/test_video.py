@@ -1,6 +1,7 @@
 """demo_video.py end to end on clips the tests write with OpenCV (the test photo moving across a canvas)."""
 import csv
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -118,20 +119,28 @@ def test_max_frames_start_end_and_no_video(clip, tmp_path):
     out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--no-video", "--csv",
                      tmp_path / "g.csv", "--end", "0.1")
     assert [int(r["frame"]) for r in csv.DictReader((tmp_path / "g.csv").open())] == [0, 1, 2]
+    out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--no-video", "--csv",
+                     tmp_path / "h.csv", "--end", "0.2")  # exclusive: 0.2 s at 25 frames/s is frames 0-4
+    assert [int(r["frame"]) for r in csv.DictReader((tmp_path / "h.csv").open())] == [0, 1, 2, 3, 4]
 
 
-def test_an_interrupted_run_keeps_a_playable_video_and_every_finished_row(tmp_path):
+def long_run(tmp_path: Path, *extra: str) -> subprocess.Popen:
+    """demo_video on a 150-frame clip, a frame a chunk on the CPU, rows to f.csv: returned once 3 rows are on disk."""
     clip = make_clip(tmp_path / "long.mp4", frames=150)
     proc = subprocess.Popen([sys.executable, str(ROOT / "demo_video.py"), "--video", str(clip), "--weights", "random",
-                             "--device", "cpu", "--batch-size", "1", "--output", str(tmp_path / "out.mp4"),
-                             "--csv", str(tmp_path / "f.csv")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                             "--device", "cpu", "--batch-size", "1", *extra, "--csv", str(tmp_path / "f.csv")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline:
         partial = next(tmp_path.glob(".f.csv.*.partial"), None)
         if partial is not None and partial.read_text().count("\n") >= 4:
             break
         time.sleep(0.2)
+    return proc
+
+
+def test_an_interrupted_run_keeps_a_playable_video_and_every_finished_row(tmp_path):
+    proc = long_run(tmp_path, "--output", str(tmp_path / "out.mp4"))
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
@@ -141,6 +150,22 @@ def test_an_interrupted_run_keeps_a_playable_video_and_every_finished_row(tmp_pa
     boxes = top_level_boxes(tmp_path / "out.mp4")
     assert boxes.index("moov") < boxes.index("mdat")
     assert not list(tmp_path.glob(".*partial*"))
+
+
+def test_a_decoder_that_dies_part_way_is_a_helper_failure_and_the_rows_kept_say_they_are_not_whole(tmp_path):
+    proc = long_run(tmp_path)
+    decoders = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/cmdline")
+                if "decode_worker" in p.read_bytes().decode(errors="replace") and
+                f"PPid:\t{proc.pid}\n" in (p.parent / "status").read_text()]
+    assert len(decoders) == 1
+    os.kill(decoders[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 4 and "Traceback" not in err
+    assert "the decoding process ended unexpectedly (killed by SIGKILL" in err.strip().splitlines()[-1]
+    rows = list(csv.DictReader((tmp_path / "f.csv").open()))
+    meta = json.loads((tmp_path / "f.meta.json").read_text())
+    assert 3 <= len(rows) < 150 and meta["complete"] is False and meta["frames"] == len(rows)
+    assert "killed by SIGKILL" in meta["error"]
 
 
 @pytest.mark.parametrize("make, message", [
@@ -334,14 +359,14 @@ def test_a_sequence_decodes_many_videos_in_one_process_each_as_alone(clip, tmp_p
 
 def test_a_sequence_stops_each_video_at_its_end_time(clip):
     from emonet.io.video import VideoSequence
-    sequence = VideoSequence([clip, clip], start=0.2, end=0.4)  # 25 frames/s: frames 5 to 10
+    sequence = VideoSequence([clip, clip], start=0.2, end=0.4)  # 25 frames/s: frames 5 to 9 (the end excluded)
     indices = []
     for _ in range(2):
         reader = sequence.next()
         indices.append([f.index for f in reader])
         reader.close()
     sequence.close()
-    assert indices == [list(range(5, 11))] * 2
+    assert indices == [list(range(5, 10))] * 2
 
 
 def test_reader_follows_frames_that_change_size(tmp_path):

@@ -79,7 +79,11 @@ def run(args: argparse.Namespace) -> int:
         stop.restore()
         if drawers is not None:
             drawers.close()
+    rows = args.jsonl if args.csv in (None, "-") else args.csv
     if result.error is not None:
+        if rows and result.frames:  # the rows before the failure are kept, and said to be no whole video
+            write_sidecar(rows, provenance(result.engine), {
+                "video": source, "frames": result.frames, "complete": False, "error": str(result.error)})
         raise result.error
     if result.frames == 0:
         if result.interrupted:
@@ -87,7 +91,6 @@ def run(args: argparse.Namespace) -> int:
             return 130
         raise no_frames(source)
     report(result, config)
-    rows = args.jsonl if args.csv in (None, "-") else args.csv
     if rows:  # what made these rows, and whether they are the whole video
         ending = result.source.ending
         meta = write_sidecar(rows, provenance(result.engine), {
@@ -189,7 +192,8 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     run_group = parser.add_argument_group("what to process")
     run_group.add_argument("--max-frames", type=int, default=None, help="stop after N frames")
     run_group.add_argument("--start", type=float, default=0.0, help="start at this time in seconds (default: 0)")
-    run_group.add_argument("--end", type=float, default=None, help="stop at this time in seconds (default: the end)")
+    run_group.add_argument("--end", type=float, default=None,
+                           help="stop before this time in seconds: --start 10 --end 20 reads 10 s (default: the end)")
     run_group.add_argument("--batch-size", type=int, default=32,
                            help="frames whose faces go through EmoNet together (default: 32); smaller gives the "
                                 "first rows sooner, and tracked frames' crops from fresher landmarks (rows differ)")

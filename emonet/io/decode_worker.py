@@ -80,10 +80,16 @@ def decoding_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
+def end_index(end: float, rate: float) -> int:
+    """The first frame index at or past ``end`` seconds at ``rate`` frames a second: ``--end`` is exclusive (10 to
+    20 s at 30 frames/s is 300 frames), and the progress bar counts the frames this way too."""
+    return math.ceil(end * rate - 1e-9)
+
+
 def in_run(produced: int, index: int, rate: float, max_frames: Optional[int], end: Optional[float]) -> bool:
     """Whether frame ``index``, the run's ``produced``-th (from 0), is still in the run: ``--max-frames``, and
     ``--end`` by the frame's time at ``rate``."""
-    return (max_frames is None or produced < max_frames) and (end is None or index / rate <= end)
+    return (max_frames is None or produced < max_frames) and (end is None or index < end_index(end, rate))
 
 
 def open_capture(source, start: float = 0.0):

@@ -9,7 +9,7 @@ from typing import Iterator, Optional, Union
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import HelperError, InputError
 from . import ipc
 from .decode_worker import STALL_SECONDS, Kind, is_stream_url
 from .frames import Ending
@@ -104,7 +104,9 @@ class Decoder:
                 return
             else:
                 self.at_end = True
-                raise RuntimeError(self._why(message))
+                if kind == Kind.ERROR:  # the decoder said why: the input's data
+                    raise RuntimeError(message[1])
+                raise HelperError(died("decoding", self.process))  # it died: no fault of the input
 
     def release(self, slot: Optional[int]) -> None:
         """The parent is done with ``slot``: the child may decode into it again."""
@@ -122,7 +124,7 @@ class Decoder:
         try:
             for _, _, slot, _ in self.frames():
                 self.release(slot)
-        except RuntimeError:  # an error ends the video as well
+        except (RuntimeError, HelperError):  # an error ends the video as well
             pass
         self.at_end = True
 

@@ -17,10 +17,10 @@ from typing import Iterator, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ..errors import InputError
+from ..errors import HelperError, InputError
 from . import nvdec
 from .colour import colours, host_rgb, i420_to_rgb
-from .decode_worker import STALL_SECONDS, in_run, is_stream_url
+from .decode_worker import STALL_SECONDS, end_index, in_run, is_stream_url
 from .decoding import Decoder
 from .frames import Ending, Frame
 
@@ -131,7 +131,7 @@ class VideoReader:
         """How many frames the run will see, when the container says (for the progress bar)."""
         if not self.frame_count:
             return self.max_frames
-        last = self.frame_count if self.end is None else min(self.frame_count, int(self.end * self.fps))
+        last = self.frame_count if self.end is None else min(self.frame_count, end_index(self.end, self.fps))
         n = max(0, last - self.first_index)
         return min(n, self.max_frames) if self.max_frames else n
 
@@ -311,6 +311,8 @@ class VideoReader:
         while True:
             item = self._queue.get()
             if item is None:
+                if isinstance(self._error, HelperError):  # the decoding process died: not the input's fault
+                    raise HelperError(f"{self.source}: {self._error}")
                 if self._error is not None:
                     raise InputError(f"{self.source}: decoding failed ({self._error})")
                 return

@@ -26,7 +26,7 @@ from ..build import build_pipeline
 from ..log import say
 from ..drawing.process import DrawnVideo
 from ..engine.graphs import synchronize
-from ..errors import InputError, OutputError
+from ..errors import HelperError, InputError, OutputError
 from ..io.video import Frame
 from ..pipeline import Pipeline
 from ..scheduler import PendingStep, SettledChunk, VideoPipeline
@@ -212,8 +212,18 @@ class VideoRun:
         self.cpu: dict[str, float] = {}            # CPU-seconds meanwhile: this process, decoding, drawing, encoding
         self._keep_pixels = any(s.keeps_frames for s in self.sinks)
         self._cpu0 = _cpu_seconds()  # before the sinks open: their processes' CPU is counted from here
-        for sink in self.sinks:
-            sink.open(self)
+        opened = []
+        try:
+            for sink in self.sinks:
+                sink.open(self)
+                opened.append(sink)
+        except BaseException:  # an output that cannot be opened: those opened before leave nothing behind
+            for sink in opened:
+                try:
+                    sink.close(self)  # no frame: nothing kept
+                except Exception:  # noqa: BLE001 - the first failure is the one said
+                    pass
+            raise
         self._wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
         self.bar = (tqdm(total=source.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True,
                          desc=video.label) if video.progress else None)
@@ -400,8 +410,8 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
                         (done, last), previous = previous, None
                         yield from _last_chunk(done, last)
                     pending = launched
-            except InputError as exc:  # decoding failed part-way: the frames before it are kept
-                current.error = exc
+            except (InputError, HelperError) as exc:  # decoding failed, or its process died, part-way: the
+                current.error = exc                     # frames before it are kept
             if previous is not None:  # this video gave no chunk
                 (done, last), previous = previous, None
                 yield from _last_chunk(done, last)

@@ -15,6 +15,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from ..drawing import PALETTE
+from ..errors import OutputError
 from ..drawing.marks import TRAIL
 from ..drawing.process import DrawingProcess, DrawnVideo, LocalDrawing
 from ..io.atomic import AtomicFile
@@ -55,22 +56,36 @@ class RowSink(Sink):
             self.jsonl = self.files[-1].file
 
     def add(self, frames: list[Frame], faces: list[list[FaceResult]]) -> None:
-        for frame, found in zip(frames, faces):
-            for face in found or [None]:
-                row = {**frame_row(face, frame.index, frame.timestamp, self.class_names, self.landmarks), **self.extra}
-                if self.csv:
-                    self.csv.writerow([row.get(f, "") for f in self.fields])
-                if self.jsonl:
-                    self.jsonl.write(json.dumps({f: row.get(f) for f in self.fields}) + "\n")
-        for f in self.files:  # on disk chunk by chunk: an interruption keeps them
-            f.file.flush()
-        if self.stdout:
-            sys.stdout.flush()
+        try:
+            for frame, found in zip(frames, faces):
+                for face in found or [None]:
+                    row = {**frame_row(face, frame.index, frame.timestamp, self.class_names, self.landmarks),
+                           **self.extra}
+                    if self.csv:
+                        self.csv.writerow([row.get(f, "") for f in self.fields])
+                    if self.jsonl:
+                        self.jsonl.write(json.dumps({f: row.get(f) for f in self.fields}) + "\n")
+            for f in self.files:  # on disk chunk by chunk: an interruption keeps them
+                f.file.flush()
+            if self.stdout:
+                sys.stdout.flush()
+        except OSError as exc:  # a full disk, a file grown past its limit: said in one line, the run ends
+            raise OutputError(f"{self._names()}: the rows could not be written ({exc.strerror or exc})") from None
 
     def close(self, run: VideoRun) -> None:
-        for f in self.files:
-            f.commit() if run.frames > 0 else f.abort()
+        failed = None
+        for f in self.files:  # each file whole or not at all; one that fails does not keep the others back
+            try:
+                f.commit() if run.frames > 0 else f.abort()
+            except OSError as exc:
+                f.abort()
+                failed = failed or OutputError(f"{f.path}: the rows could not be written ({exc.strerror or exc})")
         self.files = []
+        if failed is not None:
+            raise failed
+
+    def _names(self) -> str:
+        return ", ".join(str(f.path) for f in self.files) or "standard output"
 
 
 class SummarySink(Sink):

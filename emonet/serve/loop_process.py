@@ -25,7 +25,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 
 from ..build import ModelOptions
-from ..errors import InputError
+from ..errors import HelperError, InputError
 from ..io.helper import HelperClient, start_helper
 from ..video.live import DROPPED, FrameError, LiveConfig, LiveResult
 
@@ -47,7 +47,8 @@ class LoopProcess:
                  on_step: Optional[StepHook] = None) -> None:
         """``gpu_decode``: JPEG frames decoded on the GPU there where it can; ``on_step(frames, faces, seconds)``: each
         step's figures, called in this process's listener thread. Raises :class:`~emonet.errors.InputError` with
-        the loader's one line where the model cannot be loaded (a missing checkpoint, say)."""
+        the loader's one line where the model cannot be loaded (a missing checkpoint, say), and
+        :class:`~emonet.errors.HelperError` where the process died starting."""
         self.on_step = on_step
         self.about: Optional[dict] = None  # what it runs (provenance, detector, JPEG decoder, class names)
         self._refused: Optional[str] = None
@@ -69,7 +70,7 @@ class LoopProcess:
             self._helper.close(kill=True)
             if why is not None:
                 raise InputError(why)
-            raise RuntimeError(self._helper.failure or "the GPU loop process did not start")
+            raise HelperError(self._helper.failure or "the GPU loop process did not start")
 
     # -- what the service calls (any thread) --------------------------------------------------------------
     @property
@@ -188,7 +189,10 @@ def main(spec: str) -> int:
     """The helper process: load the model, run the live loop, take sessions and frames from standard input and
     write their answers to standard output until its input ends."""
     from ..build import build_pipeline
+    from ..detection import DetectorError
     from ..io.ipc import frame, messages, send
+    from ..models.weights import CheckpointError
+    from ..runtime import DeviceError
     from ..io.jpeg import gpu_decoder
     from ..provenance import provenance
     from ..video.live import LiveLoop
@@ -200,7 +204,7 @@ def main(spec: str) -> int:
     try:
         pipeline = build_pipeline(ModelOptions(**config["options"]))
         pipeline.warmup()
-    except InputError as exc:
+    except (InputError, CheckpointError, DetectorError, DeviceError) as exc:  # the user's to mend: one line
         send(out, ("refused", str(exc)))
         return 2
     engine = pipeline.engine

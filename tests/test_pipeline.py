@@ -10,7 +10,7 @@ from emonet.engine import Engine, EngineConfig
 from emonet.geometry import box_to_matrix
 from emonet.io.video import Frame
 from emonet.pipeline import Pipeline, PlannedFace
-from emonet.scheduler import VideoPipeline
+from emonet.session import VideoPipeline
 from emonet.tracking import iou
 from tests.conftest import small_faces_scene
 

@@ -5,7 +5,8 @@ from emonet.detection.blazeface import BlazeFaceDetector
 from emonet.engine import Engine, EngineConfig
 from emonet.io.video import Frame
 from emonet.pipeline import Pipeline
-from emonet.scheduler import Scheduler, VideoPipeline
+from emonet.scheduler import Scheduler
+from emonet.session import VideoPipeline
 from tests.conftest import small_faces_scene
 
 

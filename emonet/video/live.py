@@ -32,7 +32,8 @@ import torch
 from ..io.video import Frame
 from ..pipeline import Pipeline
 from ..results import FaceResult
-from ..scheduler import PendingStep, Scheduler, VideoPipeline
+from ..scheduler import PendingStep, Scheduler
+from ..session import VideoPipeline
 
 class FrameError(ValueError):
     """A frame handed in encoded that could not be decoded (truncated or corrupt): its client is told."""

@@ -29,7 +29,8 @@ from ..engine.graphs import synchronize
 from ..errors import HelperError, InputError, OutputError
 from ..io.video import Frame
 from ..pipeline import Pipeline
-from ..scheduler import PendingStep, SettledChunk, VideoPipeline
+from ..scheduler import PendingStep, SettledChunk
+from ..session import VideoPipeline
 from ..results import FaceResult, FrameFaces
 from ..timing import LatencyTimer, StartupClock
 from .config import GPU_RUN_THREADS, STAGES, VideoConfig
@@ -190,7 +191,7 @@ def _cpu_seconds() -> tuple[float, float]:
 
 
 class VideoRun:
-    """One video's processing: its tracking (:class:`~emonet.scheduler.VideoPipeline`), sinks, progress bar and
+    """One video's processing: its tracking (:class:`~emonet.session.VideoPipeline`), sinks, progress bar and
     clocks while its chunks flow; once :meth:`close`\\ d, how it went."""
 
     def __init__(self, video: VideoInput, source: Source, pipeline: Pipeline, config: VideoConfig) -> None:

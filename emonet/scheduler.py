@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -30,8 +30,20 @@ from .geometry import landmarks_boxes
 from .pipeline import Outputs, Pending, Pipeline
 from .tracking import set_many_landmarks
 
-if TYPE_CHECKING:  # a session creates its own scheduler: the session's module imports this one
-    from .session import VideoPipeline
+class Session(Protocol):
+    """What the scheduler asks of a session (:class:`~emonet.session.VideoPipeline` is one; its module imports
+    this one, as a session alone steps through a scheduler of its own)."""
+
+    hold_score: Optional[float]
+
+    def plan_detection(self, chunk: list) -> tuple["QueuedDetection", list]: ...
+
+    def take_detections(self, entry: "QueuedDetection", boxes: list): ...
+
+    def plan_faces(self, take) -> "PendingChunk": ...
+
+    def settle_outputs(self, chunk: "PendingChunk", outputs: Outputs, held: np.ndarray,
+                       lost: bool) -> "SettledChunk": ...
 
 
 @dataclass
@@ -40,7 +52,7 @@ class QueuedDetection:
     detector sees, how many images it gave the detector, whether the first is the chunk's first frame held in
     standby, and the frames whose detection looks at the whole frame only."""
 
-    session: "VideoPipeline"
+    session: Session
     chunk: list                     # emonet.io.video.Frame
     flags: list[bool]
     count: int = 0
@@ -64,7 +76,7 @@ class PendingChunk:
     within the chunk), the Track of each, and what each face's landmarks are held to: its track's last detection
     as of its frame (a later frame of the chunk may be detected before the chunk settles) and the frames since."""
 
-    session: "VideoPipeline"
+    session: Session
     frames: list                    # emonet.io.video.Frame
     pending: Pending
     tracks: list
@@ -121,7 +133,7 @@ class Scheduler:
         with self._on_det_stream():
             return self.detector.collect(handle, min_score=min_score)
 
-    def detect(self, items: Sequence[tuple["VideoPipeline", list]]) -> QueuedStep:
+    def detect(self, items: Sequence[tuple[Session, list]]) -> QueuedStep:
         """Each session decides which frames of its chunk the detector sees; all of them are queued in one call
         and taken one step on (:meth:`~emonet.detection.FaceDetector.advance`: the close look at the candidates
         queued), which waits for the detector's first network but not for the previous step's engine work."""

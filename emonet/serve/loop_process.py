@@ -102,6 +102,9 @@ class LoopProcess:
                 return future
             self._futures[request] = (session, future)
             self._in_flight[session] = self._in_flight.get(session, 0) + 1
+        if self._helper.ended:  # it ended after the check above, and its futures may have been failed already
+            self._fail_all(RuntimeError(self._helper.failure or "the live loop has stopped"))
+            return future
         self._helper.send(("frame", session, request, payload, index, timestamp))
         return future
 

@@ -116,7 +116,8 @@ class Track:
 
 
 def set_many_landmarks(tracks: Sequence[Track], landmarks: np.ndarray,
-                       frames: Optional[Sequence[Optional[int]]] = None, references: Optional[Sequence[np.ndarray]] = None,
+                       frames: Optional[Sequence[Optional[int]]] = None,
+                       references: Optional[Sequence[np.ndarray]] = None,
                        since: Optional[Sequence[int]] = None) -> tuple[np.ndarray, np.ndarray]:
     """:meth:`Track.set_landmarks` for many faces at once (``(n, 68, 2)`` landmarks of the faces' ``frames``; a
     track given more than once keeps its last): per face, its landmarks' box held to its bounds ``(n, 4)`` and

@@ -41,7 +41,6 @@ def video_config(args: argparse.Namespace) -> "VideoConfig":
 def run(args: argparse.Namespace) -> int:
     """Process the video; 0 when done, 1 when read only in part, 130 when interrupted (the rest: exit codes of
     :mod:`emonet.errors`)."""
-    from ..provenance import provenance, write_sidecar
     from ..runtime import select_device
     from ..timing import StartupClock
     from ..video import Drawers, StopToken, VideoInput, open_source, run_video, sinks_for
@@ -80,10 +79,9 @@ def run(args: argparse.Namespace) -> int:
         if drawers is not None:
             drawers.close()
     rows = args.jsonl if args.csv in (None, "-") else args.csv
+    # What made the rows, and whether they are the whole video (rows kept before a failure say they are not).
+    meta = rows_sidecar(rows, source, result) if rows and result.frames else None
     if result.error is not None:
-        if rows and result.frames:  # the rows before the failure are kept, and said to be no whole video
-            write_sidecar(rows, provenance(result.engine), {
-                "video": source, "frames": result.frames, "complete": False, "error": str(result.error)})
         raise result.error
     if result.frames == 0:
         if result.interrupted:
@@ -91,18 +89,26 @@ def run(args: argparse.Namespace) -> int:
             return 130
         raise no_frames(source)
     report(result, config)
-    if rows:  # what made these rows, and whether they are the whole video
-        ending = result.source.ending
-        meta = write_sidecar(rows, provenance(result.engine), {
-            "video": source, "frames": result.frames, "declared_frames": (ending.declared or None) if ending else None,
-            "complete": not result.interrupted and result.shortfall is None,
-            "warning": result.shortfall, "interrupted": result.interrupted,
-            "dropped_frames": ending.dropped if ending else 0})
+    if meta is not None:
         print(f"provenance: {meta}", file=sys.stderr)
     print(startup.format("first results"), file=sys.stderr)
     if result.shortfall:
         print(f"warning: {source}: {result.shortfall}; the outputs hold the frames that were read", file=sys.stderr)
     return 130 if result.interrupted else 1 if result.shortfall else 0
+
+
+def rows_sidecar(rows: str, source: str, run: "VideoRun") -> Path:
+    """Write the provenance of a video's rows beside them: what made them, and whether they are the whole video."""
+    from ..provenance import provenance, write_sidecar
+
+    ending = run.source.ending
+    extra = {"video": source, "frames": run.frames, "declared_frames": (ending.declared or None) if ending else None,
+             "complete": run.error is None and not run.interrupted and run.shortfall is None,
+             "warning": run.shortfall, "interrupted": run.interrupted,
+             "dropped_frames": ending.dropped if ending else 0}
+    if run.error is not None:
+        extra["error"] = str(run.error)
+    return write_sidecar(rows, provenance(run.engine), extra)
 
 
 def report(run: "VideoRun", config: "VideoConfig") -> None:

@@ -65,7 +65,7 @@ def messages(stream: BinaryIO) -> Iterator:
     """The messages :func:`send` wrote, until the stream ends. Whatever has come is read in one call (up to
     READ_AHEAD bytes) and every whole message in it handed out before the next: a reading thread lets go of the
     interpreter once per read, and a busy thread beside it may hold it for a switch interval (5 ms) before this
-    one has it back, so a message a read would let through no more than 200 messages a second."""
+    one has it back: a read per message would let through no more than some 200 messages a second."""
     read = getattr(stream, "read1", None) or stream.read  # read1: what is buffered, else one read of the pipe
     buffer = bytearray()
     while True:

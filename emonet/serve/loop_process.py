@@ -20,18 +20,16 @@ import threading
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import asdict, replace
 from itertools import count
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 import numpy as np
 
 from ..build import ModelOptions
 from ..errors import HelperError, InputError
 from ..io.helper import HelperClient, start_helper
-from ..video.live import DROPPED, FrameError, LiveConfig, LiveResult
+from ..video.live import DROPPED, FrameError, LiveConfig, LiveResult, StepHook
 
 FAST_EXIT = True  # the helper: every answer is written before main returns; the CUDA tear-down is not waited for
-
-StepHook = Callable[[int, int, float], None]
 
 # A stream's frames on their way to the loop or in it, not yet answered, at most: the loop holds a couple waiting
 # and a couple in each of its two steps in flight; past that, the pipes are behind, and a new frame is answered
@@ -130,14 +128,24 @@ class LoopProcess:
     def _refuse(self, why: str) -> None:
         self._refused = why
 
-    def _take(self, request: int) -> Optional[Future]:
+    def _pop(self, request: int) -> Optional[Future]:
+        """A request's future, no longer in flight (None: its session closed meanwhile)."""
         with self._lock:
             entry = self._futures.pop(request, None)
-            if entry is not None:
-                self._leave(entry[0])
-        if entry is None or not entry[1].set_running_or_notify_cancel():
-            return None  # its session closed, or its client stopped waiting
+            if entry is None:
+                return None
+            left = self._in_flight.get(entry[0], 0) - 1
+            if left > 0:
+                self._in_flight[entry[0]] = left
+            else:
+                self._in_flight.pop(entry[0], None)
         return entry[1]
+
+    def _take(self, request: int) -> Optional[Future]:
+        future = self._pop(request)
+        if future is None or not future.set_running_or_notify_cancel():
+            return None  # its session closed, or its client stopped waiting
+        return future
 
     def _answer(self, request: int, result) -> None:
         future = self._take(request)
@@ -150,20 +158,9 @@ class LoopProcess:
             future.set_exception(FrameError(why) if bad_frame else RuntimeError(why))
 
     def _cancelled(self, request: int) -> None:
-        with self._lock:
-            entry = self._futures.pop(request, None)
-            if entry is not None:
-                self._leave(entry[0])
-        if entry is not None:
-            entry[1].cancel()
-
-    def _leave(self, session: int) -> None:
-        """One of ``session``'s requests is answered (holding the lock)."""
-        left = self._in_flight.get(session, 0) - 1
-        if left > 0:
-            self._in_flight[session] = left
-        else:
-            self._in_flight.pop(session, None)
+        future = self._pop(request)
+        if future is not None:
+            future.cancel()
 
     def _step(self, frames: int, faces: int, seconds: float) -> None:
         if self.on_step is not None:
@@ -237,7 +234,7 @@ def main(spec: str) -> int:
     writer.start()
     live = LiveConfig(**config["live"])
     if engine.device.type != "cuda":
-        live = replace(live, max_age=None)  # a CPU's step takes longer than any frame's age allowed: none dropped for it
+        live = replace(live, max_age=None)  # a CPU's step outlasts any age allowed: no frame dropped for it
     loop = LiveLoop(pipeline, live, decode_jpeg=jpeg,
                     on_step=lambda *figures: outbox.put(("step", *figures)))
     sessions = {}

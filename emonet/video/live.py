@@ -45,7 +45,6 @@ DROPPED = "dropped"  # a frame's answer when newer frames of its session pushed 
 SIZES_PREPARED = 4
 
 StepHook = Callable[[int, int, float], None]  # (frames, faces, seconds) of each step
-DropHook = Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -104,13 +103,13 @@ class LiveLoop:
 
     def __init__(self, pipeline: Pipeline, config: LiveConfig = LiveConfig(),
                  decode_jpeg: Optional[Callable[[list[bytes]], list[torch.Tensor]]] = None,
-                 on_step: Optional[StepHook] = None, on_drop: Optional[DropHook] = None) -> None:
+                 on_step: Optional[StepHook] = None) -> None:
         """``decode_jpeg``: decodes a list of JPEG bytes to ``(H, W, 3)`` uint8 RGB tensors on the engine's
         device, for frames handed in encoded (see :func:`emonet.io.jpeg.gpu_decoder`)."""
         self.pipeline, self.config = pipeline, config
         self.scheduler = Scheduler(pipeline)
         self.decode_jpeg = decode_jpeg
-        self._on_step, self._on_drop = on_step, on_drop
+        self._on_step = on_step
         self._sessions: list[LiveSession] = []
         self._in_hand: list[_Waiting] = []  # the frames of the steps in flight (failed if the loop stops)
         self._turn = 0  # where the next step starts taking frames: every stream gets its turn
@@ -199,8 +198,6 @@ class LiveLoop:
     def _drop(self, item: _Waiting) -> None:
         if item.future.set_running_or_notify_cancel():
             item.future.set_result(LiveResult(DROPPED))
-        if self._on_drop is not None:
-            self._on_drop()
 
     def _take(self, wait: bool) -> Optional[list[tuple[LiveSession, list[_Waiting]]]]:
         """Every session's waiting frames, a chunk each, up to max_frames in all, the sessions in turn; waits for

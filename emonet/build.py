@@ -43,7 +43,9 @@ BF16_NOTE = ("bf16 keeps 8 bits of mantissa: on a well-conditioned checkpoint it
 # Reduced-precision kernels round differently from one batch shape and one kernel to the next: with buckets
 # of batch sizes, a crop's valence moved by up to 0.011 with the crops that came with it, and autotuning
 # (a choice by timing) gave two processes different numbers; one shape and one deterministic choice give a
-# crop the same numbers in any job, batch or process (docs/PERFORMANCE.md, *Agreement with true fp32*).
+# crop the same numbers in any job, batch or process (docs/PERFORMANCE.md, *Agreement with true fp32*) --
+# where that shape's kernels compute each crop apart from the others, which the engine checks on the device
+# first (emonet.engine.invariance: AUTO_BATCH, halved until it holds).
 AUTO_BATCH = 16
 
 
@@ -100,7 +102,7 @@ def engine_config(preset: str, device: torch.device, deterministic: bool = False
         preset = "fast" if gpu_auto else "eager"
     config = PRESETS[preset]
     if gpu_auto:
-        config = replace(config, fixed_batch=AUTO_BATCH, background=True)
+        config = replace(config, fixed_batch=AUTO_BATCH, check_batch=True, background=True)
     if device.type == "cpu" and preset in ("eager", "fast"):
         # eager: exact, and 1.3x faster on the CPU. No warm-up: the CPU has nothing to autotune, and a
         # batch-16 warm-up would cost seconds.

@@ -22,6 +22,9 @@ class EngineConfig:
     # slices of it), whatever batch_sizes says. Reduced-precision kernels round differently from one batch
     # shape to the next, so only one shape gives a crop the same numbers in any job, batch or process.
     fixed_batch: int = 0
+    # With fixed_batch: that size checked on the device before the first crop (emonet.engine.invariance), and
+    # halved until a crop gets the same bits wherever it sits in the batch.
+    check_batch: bool = False
     dynamic_batch: bool = True              # compile: one graph for every batch > 1 (False: one per batch size)
     streams: int = 0                        # batches up to this size run the hourglass skip branches on side CUDA streams
     # With side streams, cuDNN's autotuned kernels ran batch 1 slower than its heuristic picks, and

@@ -25,7 +25,9 @@ from ..runtime import RuntimeConfig
 from . import precompile
 from .compile import compiler
 from .config import EngineConfig
+from .samples import real_face_crops
 from .graphs import Graphs, capture_graph, synchronize
+from .invariance import device_key, invariant_batch, remember, remembered
 from .forward import StreamedForward, no_cudnn_autotuning, packed_forward, packed_forward_heatmaps, \
     split_outputs
 from .transforms import engine_net, fold_batchnorm, fold_stack_tails, fuse_stack_ends, pad_stem_input, \
@@ -78,6 +80,8 @@ class Engine:
         self._streamed = (StreamedForward(net, self.device, wrap, self.config.heatmaps) if self.config.streams
                           else None)
         self._precompiled = [p for p in pieces if isinstance(p, precompile.Precompiled)]
+        if self.config.fixed_batch and self.config.check_batch:
+            self._check_batch()
         # (batch size, input dtype) -> (graph, static input, static outputs)
         self._graphs = Graphs(self.device, self._capture) if self.config.cuda_graphs else None
         self._static_inputs: Dict[torch.dtype, torch.Tensor] = {}
@@ -125,6 +129,25 @@ class Engine:
             return None
         return {"loaded": sum(p.loaded for p in self._precompiled),
                 "compiled": sum(p.compiled for p in self._precompiled)}
+
+    def _check_batch(self) -> None:
+        """``fixed_batch`` as checked on this device (:mod:`.invariance`): halved until every crop gets the same
+        bits wherever it sits in the batch, beside whatever other crops; the answer kept for later processes."""
+        largest = self.config.fixed_batch
+        key = device_key(self.device, f"{self.config.name} ({self.n_expression} classes)")
+        batch = remembered(key)
+        if batch is None or batch > largest:
+            crops = real_face_crops(2 * largest).to(self.device)
+
+            def run(x: torch.Tensor) -> torch.Tensor:
+                with torch.inference_mode():
+                    return self._call_model(self._prepare(x))
+            batch, failed = invariant_batch(run, largest, crops)
+            remember(key, batch)
+            if failed:
+                self._log(f"engine: on this device a batch of {' or '.join(map(str, failed))} gave a crop other "
+                          f"numbers in another place of the batch; every crop runs in batches of {batch}")
+        self.config = replace(self.config, fixed_batch=batch, batch_sizes=(batch,))
 
     # -- running -------------------------------------------------------------------------------
     def _prepare(self, crops: torch.Tensor) -> torch.Tensor:

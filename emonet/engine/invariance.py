@@ -1,0 +1,89 @@
+"""Does a batch shape give a crop the same bits wherever it sits in the batch? A check on the device itself.
+
+The GPU default runs every crop in a batch of one fixed size so that a crop's numbers do not depend on the
+job. That holds only if the kernels chosen for that shape compute each crop apart from the others. Some do
+not: a GPU convolution that shares its work out over the whole batch (split or "stream-K" scheduling)
+sums a crop's products in an order that depends on where the crop sits, and so rounds it differently; which
+kernels the library picks depends on the GPU, the shape and the library's version. So the shape is checked
+on the device before the first crop, on real face crops, and halved until it passes (a batch of one always
+does): measured, not assumed. The answer is kept on disk per GPU, library versions and network
+(:func:`remembered`), so the check is paid once per machine and every later process runs the same shape.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ..io.atomic import AtomicFile
+
+Run = Callable[[torch.Tensor], torch.Tensor]  # exactly ``batch`` crops -> their outputs, one row each
+
+
+def position_invariant(run: Run, crops: torch.Tensor, batch: int) -> bool:
+    """Whether ``run`` gives every crop the same bits in another place of a ``batch``-sized batch with other
+    crops beside it. ``crops``: at least ``2 * batch - 1`` different crops. Crops 1 to ``batch - 1`` are run
+    a place earlier beside a new crop, and crop 0 last among new ones."""
+    if batch <= 1:
+        return True  # alone, with nothing beside it: nothing to depend on
+    if len(crops) < 2 * batch - 1:
+        raise ValueError(f"the check of a batch of {batch} needs {2 * batch - 1} crops, got {len(crops)}")
+    first = run(crops[:batch])
+    shifted = run(crops[1:batch + 1])
+    last = run(torch.cat([crops[batch + 1:2 * batch], crops[:1]]))
+    return torch.equal(first[1:], shifted[:-1]) and torch.equal(first[:1], last[-1:])
+
+
+def invariant_batch(run: Run, largest: int, crops: torch.Tensor) -> tuple[int, list[int]]:
+    """The largest batch size, ``largest`` then halved, that :func:`position_invariant` passes, and the sizes
+    that failed before it. ``run`` takes a batch of any size."""
+    failed: list[int] = []
+    batch = largest
+    while batch > 1 and not position_invariant(run, crops, batch):
+        failed.append(batch)
+        batch //= 2
+    return max(batch, 1), failed
+
+
+def shapes_file() -> Path:
+    """Where the checked shapes are kept: ``$EMONET_HOME/batch-shapes.json`` (default ~/.cache/emonet)."""
+    return Path(os.environ.get("EMONET_HOME", Path.home() / ".cache" / "emonet")) / "batch-shapes.json"
+
+
+def device_key(device: torch.device, network: str) -> str:
+    """What a checked shape holds for: the GPU, the library versions that choose its kernels, and the network
+    (its arithmetic and shape, e.g. the engine's name and class count)."""
+    versions = f"torch {torch.__version__}"
+    if device.type == "cuda":
+        versions += f", CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}"
+        return f"{torch.cuda.get_device_name(device)} ({versions}): {network}"
+    return f"cpu ({versions}): {network}"
+
+
+def remembered(key: str) -> Optional[int]:
+    """The shape kept for ``key`` (None: none, or the file unreadable: checked again)."""
+    try:
+        value = json.loads(shapes_file().read_text(encoding="utf-8")).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value >= 1 else None
+
+
+def remember(key: str, batch: int) -> None:
+    """Keep ``batch`` for ``key`` (best effort: a folder that cannot be written costs the check next time)."""
+    path = shapes_file()
+    try:
+        try:
+            shapes = json.loads(path.read_text(encoding="utf-8"))
+            shapes = shapes if isinstance(shapes, dict) else {}
+        except (OSError, ValueError):
+            shapes = {}
+        shapes[key] = batch
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with AtomicFile(path) as fh:
+            json.dump(shapes, fh, indent=1, sort_keys=True)
+    except OSError:
+        pass

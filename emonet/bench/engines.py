@@ -47,9 +47,10 @@ MODES = [
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "cuda_graphs": True}),
     # The tools' GPU default (emonet.build.engine_config("auto", ...); tests/test_bench.py holds the two together).
     Mode("auto", "the tools' GPU default: fp16-graph, every crop in a batch of 16 (halved until a crop gets the "
-                 "same bits anywhere in it), cudnn.benchmark off, graphs captured in the background",
+                 "same bits anywhere in it), its graph on 4 streams side by side, cudnn.benchmark off, graphs "
+                 "captured in the background",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "cuda_graphs": True, "fixed_batch": 16,
-          "check_batch": True, "background": True}, cudnn_benchmark=False),
+          "check_batch": True, "lanes": 4, "background": True}, cudnn_benchmark=False),
     Mode("fp16-graph-nobench", "fp16-graph with cudnn.benchmark off",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "cuda_graphs": True},
          cudnn_benchmark=False),

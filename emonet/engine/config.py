@@ -25,6 +25,9 @@ class EngineConfig:
     # With fixed_batch: that size checked on the device before the first crop (emonet.engine.invariance), and
     # halved until a crop gets the same bits wherever it sits in the batch.
     check_batch: bool = False
+    # With fixed_batch and graphs on a GPU: that many copies of the graph, replayed side by side on streams of
+    # their own, for the slices of a large batch (one shape's small kernels leave most of a large GPU idle).
+    lanes: int = 1
     dynamic_batch: bool = True              # compile: one graph for every batch > 1 (False: one per batch size)
     streams: int = 0                        # batches up to this size run the hourglass skip branches on side CUDA streams
     # With side streams, cuDNN's autotuned kernels ran batch 1 slower than its heuristic picks, and

@@ -13,6 +13,7 @@ landmarks decoded on the device, expression logits, valence and arousal; the hea
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import replace
 from typing import Dict, Optional
@@ -83,9 +84,17 @@ class Engine:
         if self.config.fixed_batch and self.config.check_batch:
             self._check_batch()
         # (batch size, input dtype) -> (graph, static input, static outputs)
-        self._graphs = Graphs(self.device, self._capture) if self.config.cuda_graphs else None
-        self._static_inputs: Dict[torch.dtype, torch.Tensor] = {}
-        self._graph_pool = None
+        # (batch size, input dtype) -> (graph, static input, static outputs), per lane: with a fixed batch on a
+        # GPU, ``lanes`` copies of the graph, each with its own buffers, memory pool and capture stream (cuBLAS
+        # keeps a workspace per stream, and a graph keeps the one it was captured with), each replayed on a
+        # stream of its own, so the slices of a large batch run side by side: the same kernels, the same bits.
+        lanes = self.config.lanes if (self.config.fixed_batch and self.device.type == "cuda") else 1
+        self._lanes = [Graphs(self.device, functools.partial(self._capture, lane)) for lane in range(lanes)] \
+            if self.config.cuda_graphs else []
+        self._graphs = self._lanes[0] if self._lanes else None
+        self._lane_streams = [torch.cuda.Stream(self.device) for _ in self._lanes] if lanes > 1 else []
+        self._static_inputs: Dict[tuple, torch.Tensor] = {}  # (lane, dtype) -> the lane's input buffer
+        self._graph_pools: dict = {}  # lane -> its graphs' memory pool
         # (Side streams would be shared by the eager runs and a capture under way: those modes warm up first.)
         if (self.config.warmup and self.config.background and self._graphs is not None and not self._compiled
                 and not self.config.streams):
@@ -166,21 +175,21 @@ class Engine:
         with torch.inference_mode():
             return self._split(self._call_model(self._prepare(crops)))
 
-    def _capture(self, key: tuple, stream: "torch.cuda.Stream", error_mode: str) -> tuple:
+    def _capture(self, lane: int, key: tuple, stream: "torch.cuda.Stream", error_mode: str) -> tuple:
         # Every graph reads the front of one input buffer, and with share_graph_pool allocates from one
         # memory pool: they replay one at a time, on one stream, and each result is copied out right
         # after its replay, so a graph may reuse what another's intermediates used. Captured largest
         # first (warmup), the smaller graphs fit in the largest one's memory (docs/PERFORMANCE.md).
         # Autotuning and compilation happen in capture_graph's runs before the capture.
         batch, dtype_in = key
-        if dtype_in not in self._static_inputs:
-            self._static_inputs[dtype_in] = torch.zeros(max(self.config.batch_sizes), 3, 256, 256,
-                                                        device=self.device, dtype=dtype_in)
-        static_in = self._static_inputs[dtype_in][:batch]
-        if self._graph_pool is None and self.config.share_graph_pool:
-            self._graph_pool = torch.cuda.graph_pool_handle()
+        if (lane, dtype_in) not in self._static_inputs:
+            self._static_inputs[lane, dtype_in] = torch.zeros(max(self.config.batch_sizes), 3, 256, 256,
+                                                              device=self.device, dtype=dtype_in)
+        static_in = self._static_inputs[lane, dtype_in][:batch]
+        if lane not in self._graph_pools and self.config.share_graph_pool:
+            self._graph_pools[lane] = torch.cuda.graph_pool_handle()
         graph, static_out = capture_graph(lambda: self._call_model(self._prepare(static_in)), stream, error_mode,
-                                          self._graph_pool)
+                                          self._graph_pools.get(lane))
         return graph, static_in, static_out
 
     def _split(self, flat: torch.Tensor) -> Dict[str, torch.Tensor]:
@@ -200,6 +209,40 @@ class Engine:
         graph.replay()
         return self._split(static_out[:n].clone())
 
+    def _run_lanes(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """A fixed batch's slices spread over the lanes (see __init__), each lane's replays on its own stream,
+        the outputs back on the caller's stream; a slice whose lane's graph is not ready yet runs eagerly there
+        (the same numbers)."""
+        batch, current = self.config.fixed_batch, torch.cuda.current_stream(self.device)
+        outs, used = [], set()
+        for j, start in enumerate(range(0, crops.shape[0], batch)):
+            part, lane = crops[start:start + batch], j % len(self._lanes)
+            entry = self._lanes[lane].get((batch, part.dtype))
+            if entry is None:
+                n = part.shape[0]
+                if n < batch:
+                    part = torch.cat([part, part[-1:].expand(batch - n, -1, -1, -1)])
+                outs.append({k: v[:n] for k, v in self._run_eager(part).items()})
+                continue
+            graph, static_in, static_out = entry
+            stream, n = self._lane_streams[lane], part.shape[0]
+            if lane not in used:
+                stream.wait_stream(current)  # the crops (and anything before them) are ready
+                used.add(lane)
+            with torch.cuda.stream(stream):
+                if part.is_cuda:
+                    part.record_stream(stream)  # not reused by the caller's stream before this copy is done
+                static_in[:n].copy_(part, non_blocking=True)  # rows past n keep old data: a crop is computed alone
+                graph.replay()
+                out = static_out[:n].clone()
+            out.record_stream(current)
+            outs.append(self._split(out))
+        for lane in used:
+            current.wait_stream(self._lane_streams[lane])
+        if len(outs) == 1:
+            return outs[0]
+        return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
+
     def __call__(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
         """EmoNet on ``(N, 3, 256, 256)`` uint8 crops: landmarks ``(N, 68, 2)`` in crop pixels (decoded
         from the heatmaps, spec §5), expression logits, valence and arousal, and with
@@ -210,6 +253,8 @@ class Engine:
             return {k: v[:0] for k, v in self._run_eager(crops[:1].new_zeros(1, 3, 256, 256)).items()}
         if not (self.config.cuda_graphs or self.config.compile or self.config.fixed_batch):
             return self._run_eager(crops)
+        if self._lane_streams:
+            return self._run_lanes(crops)
         largest = max(self.config.batch_sizes)
         outs = [self._run_fixed(crops[i:i + largest]) for i in range(0, crops.shape[0], largest)]
         if len(outs) == 1:
@@ -219,40 +264,45 @@ class Engine:
     def prepare(self, dtype_in: torch.dtype = torch.uint8) -> None:
         """Capture every configured batch size's graph in the background, largest first (see _capture); crops
         run eagerly until theirs is ready."""
-        self._graphs.prepare([(b, dtype_in) for b in sorted(self.config.batch_sizes, reverse=True)])
+        for graphs in self._lanes:
+            graphs.prepare([(b, dtype_in) for b in sorted(self.config.batch_sizes, reverse=True)])
         self._log(f"engine {self.config.name}: its CUDA graphs (batch sizes {', '.join(map(str, self.config.batch_sizes))}) "
                   f"are captured in the background; crops before them run the same network eagerly")
 
     def wait_for_graphs(self) -> None:
         """Until the graphs being captured in the background, if any, are ready (a benchmark's steady state)."""
-        if self._graphs is not None:
-            self._graphs.wait()
+        for graphs in self._lanes:
+            graphs.wait()
 
     @property
     def graphs_ready_s(self) -> Optional[float]:
         """Seconds from :meth:`prepare` until every graph was ready (None: not prepared, or not yet)."""
-        return self._graphs.ready_s if self._graphs is not None else None
+        ready = [graphs.ready_s for graphs in self._lanes]
+        return None if not ready or None in ready else max(ready)
 
     @property
     def background_note(self) -> Optional[str]:
         """For a report: when the graphs captured in the background were ready (None: not prepared so)."""
-        graphs = self._graphs
-        if not self.config.background or graphs is None or (graphs.ready_s is None and not graphs.preparing
-                                                                and graphs.error is None):
+        lanes = self._lanes
+        error = next((graphs.error for graphs in lanes if graphs.error is not None), None)
+        ready = self.graphs_ready_s
+        if not self.config.background or not lanes or (ready is None and error is None
+                                                         and not any(graphs.preparing for graphs in lanes)):
             return None
-        if graphs.error is not None:
-            return (f"its CUDA graphs could not be captured in the background ({graphs.error}): every crop ran "
-                    f"eagerly (the same numbers)")
-        if graphs.ready_s is None:
-            return "its CUDA graphs were still being captured: every crop ran eagerly (the same numbers)"
-        return (f"its CUDA graphs were ready {graphs.ready_s:.2f} s after load, captured in the background "
+        if error is not None:
+            return (f"its CUDA graphs could not be captured in the background ({error}): crops ran eagerly "
+                    f"(the same numbers)")
+        if ready is None:
+            return "its CUDA graphs were still being captured: crops ran eagerly (the same numbers)"
+        return (f"its CUDA graphs were ready {ready:.2f} s after load, captured in the background "
                 f"(crops before them ran eagerly: the same numbers)")
 
     def warmup(self, dtype_in: torch.dtype = torch.uint8) -> float:
         """Run every configured batch size once so real frames do not pay autotuning; returns ms."""
         t0 = time.perf_counter()
         for batch in sorted(self.config.batch_sizes, reverse=True):  # largest first: see _capture
-            self(torch.zeros(batch, 3, 256, 256, dtype=dtype_in, device=self.device))
+            # (a slice for every lane: each captures its graph)
+            self(torch.zeros(batch * max(1, len(self._lane_streams)), 3, 256, 256, dtype=dtype_in, device=self.device))
         if self.device.type == "cuda":
             synchronize(self.device)
         self.warmup_ms = (time.perf_counter() - t0) * 1e3

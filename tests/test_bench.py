@@ -1,3 +1,4 @@
+import json
 import re
 import subprocess
 import sys
@@ -105,3 +106,17 @@ def test_a_repeated_jobs_row_is_its_median_run_whose_columns_give_its_ratio():
     wall, floor, load, frames = float(cells[2]), float(cells[3]), float(cells[5]), float(cells[6])
     assert (wall, floor, load) == (6.0, 3.5, 0.6) and frames == round(300 / 900, 2)
     assert cells[4] == "4.90 (+1.40)" and cells[7].startswith(f"**{wall / (floor + load + 300 / 900):.2f}×** (")
+
+
+def test_each_mode_reports_its_spread_over_batches_beside_its_agreement(tmp_path):
+    from emonet.bench import main
+    report, data = tmp_path / "modes.md", tmp_path / "modes.json"
+    assert main(["--modes", "fp32-eager", "--device", "cpu", "--quick", "--batch-sizes", "2", "--iters", "3",
+                 "--weights", "random", "--markdown", str(report), "--json", str(data)]) == 0
+    (row,) = json.loads(data.read_text())["modes"]
+    spread = row["cold"]["batch_spread"]
+    assert row["cold"]["batch_spread_sizes"] == [1, 3, 8] and 0 <= spread < 1e-3  # the CPU's fp32: tiny, or 0
+    header, _, line = [l for l in report.read_text().splitlines() if l.startswith("|")][:3]
+    assert header.split("|")[-2].strip() == "spread over batches"
+    assert line.split("|")[-2].strip() == ("0" if spread == 0 else f"{spread:.2g}")
+    assert "alone and in batches of 1, 3, 8" in report.read_text()

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from emonet.engine import Engine, EngineConfig
-from emonet.engine.invariance import device_key, invariant_batch, position_invariant, remember, remembered, shapes_file
+from emonet.engine.invariance import (batch_spread, device_key, invariant_batch, position_invariant, remember,
+                                      remembered, shapes_file)
 from emonet.engine.samples import real_face_crops
 
 
@@ -38,6 +39,14 @@ def test_the_largest_passing_size_is_kept_and_the_failed_ones_said():
     assert invariant_batch(small_batches_only, 16, _crops(32)) == (2, [16, 8, 4])
     assert invariant_batch(_per_row, 16, _crops(32)) == (16, [])
     assert invariant_batch(_mean_beside, 8, _crops(16)) == (1, [8, 4, 2])
+
+
+def test_the_spread_over_batches_is_zero_for_rows_computed_alone_and_measured_otherwise():
+    crops = _crops(5)
+    assert batch_spread(_per_row, crops, (1, 2, 3, 8, 16)) == 0.0
+    spread = batch_spread(_mean_beside, crops, (1, 2, 3, 8, 16))
+    alone = torch.zeros(6)  # alone, a row minus its own mean is 0: the spread is the largest row off the mean
+    assert spread == max((_mean_beside(crops[torch.arange(n) % 5]) - alone).abs().max().item() for n in (2, 3, 8, 16))
 
 
 def test_too_few_crops_for_the_check_is_an_error():

@@ -103,6 +103,7 @@ def run_child(args: argparse.Namespace) -> dict:
     from ..engine.graphs import synchronize
     from ..models.weights import load_model
     from ..engine import Engine, EngineConfig, compare, conditioned_model, real_face_crops, varied_face_crops
+    from ..engine.invariance import BATCH_SIZES, batch_spread
     from ..runtime import RuntimeConfig, configure
     from ..timing import LatencyTimer, time_calls
 
@@ -173,7 +174,17 @@ def run_child(args: argparse.Namespace) -> dict:
         result["check"] = agreement.format()
         result["check_ok"] = agreement.ok
         result["check_diff"] = max(agreement.max_valence_diff, agreement.max_arousal_diff)
+        # One answer per crop? Each crop alone against the same crop in batches of 1 to 512.
+        sizes = (1, 3, 8) if args.quick else BATCH_SIZES
+        result["batch_spread"] = batch_spread(lambda x: packed(check(x)), faces[1::2].to(device), sizes)
+        result["batch_spread_sizes"] = list(sizes)
     return result
+
+
+def packed(out: dict):
+    """An engine's expression logits, valence and arousal as one float ``(N, K)`` tensor."""
+    import torch
+    return torch.cat([out["expression"].float(), out["valence"].float()[:, None], out["arousal"].float()[:, None]], 1)
 
 
 # -- the whole comparison, one fresh process per measurement ------------------------------------
@@ -240,7 +251,11 @@ def mode_report(rows: list[dict], args: argparse.Namespace, command: str) -> tup
              f"cuDNN {env['cudnn']}, Python {env['python']}, {env['cpu_count']} CPU cores", "",
              *_table(rows), "",
              "vs fp32: the largest difference in valence or arousal from true fp32 (TF32 off) on real faces, with "
-             "a checkpoint whose outputs spread over them; bf16 (8 bits of mantissa) is expected over 0.01.", "",
+             "a checkpoint whose outputs spread over them; bf16 (8 bits of mantissa) is expected over 0.01. "
+             "Spread over batches: the largest difference of any output (expression logits, valence, arousal) "
+             "of a crop run alone and in batches of "
+             + ", ".join(map(str, next((r["cold"]["batch_spread_sizes"] for r in rows
+                                        if r.get("cold", {}).get("batch_spread_sizes")), []))) + " (0: one answer per crop).", "",
              floor_line, ""]
     if any(b > 1 for b in args.batch_sizes):
         lines += ["Throughput (crops/s, steady state):", "", *_throughput_table(rows, args.batch_sizes), ""]
@@ -255,7 +270,7 @@ def _table(rows: list[dict]) -> list[str]:
     """The modes' Markdown table: each mode's cold start, and its warm one where there was one."""
     head = ["mode", "first call cold (ms)", "warm-up cold (s)", "first call warm caches (ms)",
             "start→first result warm (s)", "b1 median (ms)", "b1 p90 (ms)", "best crops/s (batch)",
-            "peak mem b1 (MB)", "held by allocator (MB)", "vs fp32"]
+            "peak mem b1 (MB)", "held by allocator (MB)", "vs fp32", "spread over batches"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cold, warm = r.get("cold", {}), r.get("warm", {})
@@ -271,8 +286,16 @@ def _table(rows: list[dict]) -> list[str]:
             fmt(warm.get("first_call_ms")), fmt(warm.get("time_to_first_result_s"), ".1f"),
             fmt(cold.get("b1_median_ms")), fmt(cold.get("b1_p90_ms")),
             f"{fmt_rate(best[1])} ({best[0]})" if best else "–", fmt(cold.get("peak_mem_b1_mb"), ".0f"),
-            fmt(cold.get("held_mem_b1_mb"), ",.0f"), check]) + " |")
+            fmt(cold.get("held_mem_b1_mb"), ",.0f"), check, _spread(cold)]) + " |")
     return lines
+
+
+def _spread(result: dict) -> str:
+    """A mode's spread over batches: 0 exactly, or the largest difference."""
+    spread = result.get("batch_spread")
+    if spread is None:
+        return "—"
+    return "0" if spread == 0 else f"{spread:.2g}"
 
 
 def _throughput_table(rows: list[dict], batch_sizes: list[int]) -> list[str]:

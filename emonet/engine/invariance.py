@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -46,6 +46,21 @@ def invariant_batch(run: Run, largest: int, crops: torch.Tensor) -> tuple[int, l
         failed.append(batch)
         batch //= 2
     return max(batch, 1), failed
+
+
+BATCH_SIZES = (1, 2, 3, 8, 16, 37, 64, 128, 512)  # what emonet-bench's spread over batches runs a crop in
+
+
+def batch_spread(run: Run, crops: torch.Tensor, sizes: Sequence[int] = BATCH_SIZES) -> float:
+    """The largest difference of any output of a crop run alone and run in a batch of each of ``sizes``
+    (``crops`` repeated to fill it, so each crop sits at many places beside many others); 0.0: one answer per
+    crop."""
+    alone = torch.cat([run(crops[i:i + 1]) for i in range(len(crops))])
+    worst = 0.0
+    for size in sizes:
+        index = torch.arange(size, device=crops.device) % len(crops)
+        worst = max(worst, (run(crops[index]) - alone[index]).abs().max().item())
+    return worst
 
 
 def shapes_file() -> Path:

@@ -218,9 +218,11 @@ def test_the_gpu_default_gives_a_crop_the_same_bits_eager_or_graphed_in_any_batc
     graphed = Engine(reference_model, "cuda:0", replace(config, cuda_graphs=True, lanes=lanes))
     eager = Engine(reference_model, "cuda:0", replace(config, warmup=False))
     assert graphed.config.fixed_batch == eager.config.fixed_batch
+    if graphed.config.fixed_batch == 1:
+        pytest.skip("this GPU's kernels hold a crop's bits only alone: nothing beside it to test")
     together = graphed(crops)  # slices side by side on the lanes
     for engine in (graphed, eager):
-        for i in (0, 5, 10, 36):
+        for i in (0, 5, 10, 20, 36):
             alone = engine(crops[i:i + 1])
             for key in ("expression", "valence", "arousal"):
                 assert torch.equal(alone[key], together[key][i:i + 1]), (i, key)
@@ -234,11 +236,13 @@ def test_graphs_captured_in_the_background_answer_with_the_bits_the_first_crops_
                           background=True, lanes=2)
     engine = Engine(reference_model, "cuda:0", config, log=lambda m: None)
     assert engine.warmup_ms is None  # nothing waited for
-    first = [engine(crops) for _ in range(3)]  # while the graphs are captured (or after: either way)
+    # Other crops in each call (rolled): an answer overwritten by a later call's replay would show.
+    calls = [torch.roll(crops, k, 0) for k in range(3)]
+    first = [engine(x) for x in calls]  # while the graphs are captured (or after: either way)
     engine.wait_for_graphs()
     assert engine.graphs_ready_s is not None
-    graphed = engine(crops)
-    for got in first:
+    for x, got in zip(calls, first):
+        graphed = engine(x)
         for key in ("expression", "valence", "arousal", "landmarks"):
             assert torch.equal(got[key], graphed[key]), key
 

@@ -50,8 +50,16 @@ def test_the_spread_over_batches_is_zero_for_rows_computed_alone_and_measured_ot
 
 
 def test_too_few_crops_for_the_check_is_an_error():
-    with pytest.raises(ValueError, match="needs 7 crops"):
-        position_invariant(_per_row, _crops(6), 4)
+    with pytest.raises(ValueError, match="needs 8 crops"):
+        position_invariant(_per_row, _crops(7), 4)
+
+
+def test_bits_are_compared_so_a_nan_in_the_same_place_matches_itself():
+    def nan_rows(x):
+        out = _per_row(x)
+        out[:, 0] = float("nan")
+        return out
+    assert position_invariant(nan_rows, _crops(8), 4)
 
 
 def test_an_engine_that_checks_its_batch_keeps_a_shape_that_holds(reference_model, tmp_path, monkeypatch):
@@ -86,3 +94,5 @@ def test_an_unreadable_shapes_file_means_checking_again(tmp_path, monkeypatch):
     assert remembered("any") is None
     remember("any", 4)  # and the file is written whole again
     assert remembered("any") == 4
+    shapes_file().write_text('{"any": true, "other": 0}')  # not a batch size
+    assert remembered("any") is None and remembered("other") is None

@@ -38,7 +38,8 @@ from .transforms import engine_net, fold_batchnorm, fold_stack_tails, fuse_stack
 class Engine:
     """Runs EmoNet on batches of 256x256 crops; ``engine(crops)`` returns float32 outputs on the device.
 
-    ``crops``: ``(N, 3, 256, 256)``, uint8 in [0, 255] or float in [0, 1], on any device.
+    ``crops``: ``(N, 3, 256, 256)``, uint8 in [0, 255] or float in [0, 1], on any device. One caller at a time:
+    its calls share the CUDA graphs' buffers.
     """
 
     def __init__(self, model: EmoNet, device: torch.device | str, config: EngineConfig = EngineConfig(),
@@ -88,7 +89,7 @@ class Engine:
         # GPU, ``lanes`` copies of the graph, each with its own buffers, memory pool and capture stream (cuBLAS
         # keeps a workspace per stream, and a graph keeps the one it was captured with), each replayed on a
         # stream of its own, so the slices of a large batch run side by side: the same kernels, the same bits.
-        lanes = self.config.lanes if (self.config.fixed_batch and self.device.type == "cuda") else 1
+        lanes = max(1, self.config.lanes) if (self.config.fixed_batch and self.device.type == "cuda") else 1
         self._lanes = [Graphs(self.device, functools.partial(self._capture, lane)) for lane in range(lanes)] \
             if self.config.cuda_graphs else []
         self._graphs = self._lanes[0] if self._lanes else None
@@ -147,12 +148,16 @@ class Engine:
         batch = remembered(key)
         if batch is None or batch > largest:
             crops = real_face_crops(2 * largest).to(self.device)
+            finite = []
 
             def run(x: torch.Tensor) -> torch.Tensor:
                 with torch.inference_mode():
-                    return self._call_model(self._prepare(x))
+                    out = self._call_model(self._prepare(x))
+                finite.append(bool(torch.isfinite(out).all()))
+                return out
             batch, failed = invariant_batch(run, largest, crops)
-            remember(key, batch)
+            if all(finite):  # outputs that overflow (untrained weights, say) prove nothing for other weights
+                remember(key, batch)
             if failed:
                 self._log(f"engine: on this device a batch of {' or '.join(map(str, failed))} gave a crop other "
                           f"numbers in another place of the batch; every crop runs in batches of {batch}")
@@ -217,7 +222,8 @@ class Engine:
         outs, used = [], set()
         for j, start in enumerate(range(0, crops.shape[0], batch)):
             part, lane = crops[start:start + batch], j % len(self._lanes)
-            entry = self._lanes[lane].get((batch, part.dtype))
+            # In the background where the graphs are prepared so (another lane's capture may be under way there).
+            entry = self._lanes[lane].get((batch, part.dtype), later=self.config.background)
             if entry is None:
                 n = part.shape[0]
                 if n < batch:

@@ -25,16 +25,21 @@ Run = Callable[[torch.Tensor], torch.Tensor]  # exactly ``batch`` crops -> their
 
 def position_invariant(run: Run, crops: torch.Tensor, batch: int) -> bool:
     """Whether ``run`` gives every crop the same bits in another place of a ``batch``-sized batch with other
-    crops beside it. ``crops``: at least ``2 * batch - 1`` different crops. Crops 1 to ``batch - 1`` are run
-    a place earlier beside a new crop, and crop 0 last among new ones."""
+    crops beside it. ``crops``: at least ``2 * batch`` different crops. Crops 1 to ``batch - 1`` are run a place
+    earlier beside a new crop, and crop 0 last among new ones. Bits are compared (a NaN equals itself)."""
     if batch <= 1:
         return True  # alone, with nothing beside it: nothing to depend on
-    if len(crops) < 2 * batch - 1:
-        raise ValueError(f"the check of a batch of {batch} needs {2 * batch - 1} crops, got {len(crops)}")
-    first = run(crops[:batch])
-    shifted = run(crops[1:batch + 1])
-    last = run(torch.cat([crops[batch + 1:2 * batch], crops[:1]]))
+    if len(crops) < 2 * batch:
+        raise ValueError(f"the check of a batch of {batch} needs {2 * batch} crops, got {len(crops)}")
+    first = _bits(run(crops[:batch]))
+    shifted = _bits(run(crops[1:batch + 1]))
+    last = _bits(run(torch.cat([crops[batch + 1:2 * batch], crops[:1]])))
     return torch.equal(first[1:], shifted[:-1]) and torch.equal(first[:1], last[-1:])
+
+
+def _bits(out: torch.Tensor) -> torch.Tensor:
+    """Each row's bytes: equal exactly where the numbers are the same bits."""
+    return out.contiguous().view(torch.uint8).reshape(out.shape[0], -1)
 
 
 def invariant_batch(run: Run, largest: int, crops: torch.Tensor) -> tuple[int, list[int]]:
@@ -69,11 +74,14 @@ def shapes_file() -> Path:
 
 
 def device_key(device: torch.device, network: str) -> str:
-    """What a checked shape holds for: the GPU, the library versions that choose its kernels, and the network
-    (its arithmetic and shape, e.g. the engine's name and class count)."""
+    """What a checked shape holds for: the GPU, the library versions and settings that choose its kernels, and
+    the network (its arithmetic and shape, e.g. the engine's name and class count)."""
     versions = f"torch {torch.__version__}"
     if device.type == "cuda":
-        versions += f", CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}"
+        cudnn = torch.backends.cudnn
+        versions += (f", CUDA {torch.version.cuda}, cuDNN {cudnn.version()}"
+                     f"{', autotuning' if cudnn.benchmark else ''}{', deterministic' if cudnn.deterministic else ''}"
+                     f"{', TF32' if cudnn.allow_tf32 else ''}")
         return f"{torch.cuda.get_device_name(device)} ({versions}): {network}"
     return f"cpu ({versions}): {network}"
 
@@ -84,7 +92,7 @@ def remembered(key: str) -> Optional[int]:
         value = json.loads(shapes_file().read_text(encoding="utf-8")).get(key)
     except (OSError, ValueError, AttributeError):
         return None
-    return value if isinstance(value, int) and value >= 1 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def remember(key: str, batch: int) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import statistics
 import time
 from collections import deque
@@ -36,9 +37,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from PIL import Image
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ..results import face_record
-from ..video.live import DROPPED, FrameError, LiveConfig, LiveResult
-from .loop_process import LoopProcess
+from ..video.live import FrameError, LiveConfig
+from .loop_process import Answer, LoopProcess
 
 # Frames of one stream read but not yet answered, at most: past them its socket is not read (the client's
 # sends then wait), so a client that never reads its answers cannot make the server hold more.
@@ -137,12 +137,11 @@ class Metrics:
 def create_app(loop: LoopProcess, config: ServeConfig = ServeConfig()) -> FastAPI:
     """The service over a started ``loop`` (made with :func:`live_config`; the app owns it from now and closes it
     when it stops)."""
-    names = loop.about["class_names"]
     untrained = loop.about["untrained"]
     metrics = Metrics()
     loop.on_step = metrics.step
     jpeg = loop.about["jpeg_decoder"] == "nvjpeg"  # JPEG frames go as they are, decoded there on the GPU
-    about = {k: v for k, v in loop.about.items() if k != "class_names"}
+    about = loop.about
     state = {"streams": 0, "pending": 0}
     # Decoding on the CPU takes memory (up to max_pixels x 3 bytes an image): a few at a time, whoever sends them.
     decoding = asyncio.Semaphore(4)
@@ -204,7 +203,7 @@ def create_app(loop: LoopProcess, config: ServeConfig = ServeConfig()) -> FastAP
             data = await image.read(config.max_image_bytes + 1)
             try:
                 payload = await prepare(data)
-                result: LiveResult = await asyncio.wrap_future(loop.submit(session, payload))
+                result: Answer = await asyncio.wrap_future(loop.submit(session, payload))
             except RuntimeError as exc:  # the live loop has stopped (its process ended): nothing is read here now
                 metrics.requests.labels("503").inc()
                 raise HTTPException(503, f"the service cannot analyse images now: {exc}") from None
@@ -220,8 +219,8 @@ def create_app(loop: LoopProcess, config: ServeConfig = ServeConfig()) -> FastAP
         metrics.requests.labels("200").inc()
         metrics.latency.labels("analyze").observe(time.perf_counter() - t0)
         height, width = result.shape[:2]
-        return JSONResponse({"faces": [face_record(face, names) for face in result.faces], "width": width,
-                             "height": height, "untrained": untrained})
+        return Response(_with_faces({}, result.faces, {"width": width, "height": height, "untrained": untrained}),
+                        media_type="application/json")
 
     @app.websocket("/v1/stream")
     async def stream(socket: WebSocket) -> None:
@@ -242,7 +241,7 @@ def create_app(loop: LoopProcess, config: ServeConfig = ServeConfig()) -> FastAP
         session = loop.open()
         answers: asyncio.Queue = asyncio.Queue(ANSWERS_HELD)
         start = time.perf_counter()
-        sender = asyncio.create_task(_send_answers(socket, answers, start, names, metrics, config.idle_seconds))
+        sender = asyncio.create_task(_send_answers(socket, answers, start, metrics, config.idle_seconds))
         index = 0
         try:
             while not sender.done():
@@ -292,7 +291,16 @@ def create_app(loop: LoopProcess, config: ServeConfig = ServeConfig()) -> FastAP
     return app
 
 
-async def _send_answers(socket: WebSocket, answers: asyncio.Queue, start: float, names: list, metrics: Metrics,
+def _with_faces(head: dict, faces: Optional[str], tail: dict) -> str:
+    """One JSON object: ``head``'s members, then ``"faces"`` (already JSON text) where given, then ``tail``'s."""
+    def members(d: dict) -> str:
+        return json.dumps(d, ensure_ascii=False, allow_nan=False, separators=(",", ":"))[1:-1]
+    parts = [members(head) if head else "", f'"faces":{faces}' if faces is not None else "",
+             members(tail) if tail else ""]
+    return "{" + ",".join(p for p in parts if p) + "}"
+
+
+async def _send_answers(socket: WebSocket, answers: asyncio.Queue, start: float, metrics: Metrics,
                         timeout: float) -> None:
     """A stream's answers, in its frames' order, each once its frame is read (or dropped, or refused); the
     latencies from reading a frame to sending its answer, the first against the steady state."""
@@ -300,6 +308,7 @@ async def _send_answers(socket: WebSocket, answers: asyncio.Queue, start: float,
     while (item := await answers.get()) is not None:
         index, received, outcome = item
         reply: dict = {"frame": index, "timestamp": round(received - start, 6)}
+        faces: Optional[str] = None  # the faces' JSON, made in the loop's process
         if isinstance(outcome, BadImage):
             reply["error"] = str(outcome)
             metrics.frames.labels("bad").inc()
@@ -308,7 +317,7 @@ async def _send_answers(socket: WebSocket, answers: asyncio.Queue, start: float,
             metrics.frames.labels("failed").inc()
         else:
             try:
-                result: LiveResult = await asyncio.wrap_future(outcome)
+                result: Answer = await asyncio.wrap_future(outcome)
             except FrameError as exc:
                 reply["error"] = str(exc)
                 metrics.frames.labels("bad").inc()
@@ -316,20 +325,22 @@ async def _send_answers(socket: WebSocket, answers: asyncio.Queue, start: float,
                 reply["error"] = f"the analysis failed: {type(exc).__name__}: {exc}"
                 metrics.frames.labels("failed").inc()
             else:
-                if isinstance(result.faces, str) and result.faces == DROPPED:
+                if result.dropped:
                     reply["dropped"] = True
                     metrics.frames.labels("dropped").inc()
                 else:
-                    reply["faces"] = [face_record(face, names) for face in result.faces]
-                    reply.update(width=result.shape[1], height=result.shape[0])
+                    faces = result.faces
                     metrics.frames.labels("ok").inc()
+        tail: dict = {}
+        if faces is not None:
+            tail.update(width=result.shape[1], height=result.shape[0])
         if "dropped" not in reply:
             latency = (time.perf_counter() - received) * 1e3
             if first is None:
                 first = latency
             else:
                 steady.append(latency)
-            reply.update(latency_ms=round(latency, 3), first_latency_ms=round(first, 3),
-                         steady_latency_ms=round(statistics.median(steady), 3) if steady else None)
+            tail.update(latency_ms=round(latency, 3), first_latency_ms=round(first, 3),
+                        steady_latency_ms=round(statistics.median(steady), 3) if steady else None)
             metrics.latency.labels("stream").observe(latency / 1e3)
-        await asyncio.wait_for(socket.send_json(reply), timeout)
+        await asyncio.wait_for(socket.send_text(_with_faces(reply, faces, tail)), timeout)

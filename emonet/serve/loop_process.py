@@ -8,7 +8,8 @@ holding one interpreter. :class:`LoopProcess` starts the loop in a helper proces
 fresh interpreter, pipes both ways, one Ctrl-C policy) and speaks to it as the loop itself is spoken to:
 :meth:`~LoopProcess.open`, :meth:`~LoopProcess.submit` (a future per frame), :meth:`~LoopProcess.close_session`,
 :meth:`~LoopProcess.close`. The frames go over as their encoded bytes (decoded on the GPU there) or as RGB
-pixels; the answers come back as :class:`~emonet.video.live.LiveResult`\\ s.
+pixels; the answers come back as :class:`Answer`\\ s, their faces already JSON: the web server's event loop,
+which also reads every frame off its socket, only puts the pieces of a reply together.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import queue
 import sys
 import threading
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from itertools import count
 from typing import Optional, Union
 
@@ -27,7 +28,25 @@ import numpy as np
 from ..build import ModelOptions
 from ..errors import HelperError, InputError
 from ..io.helper import HelperClient, start_helper
+from ..results import face_record
 from ..video.live import DROPPED, FrameError, LiveConfig, LiveResult, StepHook
+
+@dataclass
+class Answer:
+    """A frame's answer as the service sends it: its faces already as JSON text (an array of
+    :func:`~emonet.results.face_record`, made in the loop's process, where the web server's event loop does not
+    wait for it), and its shape; ``faces`` is None for a frame dropped."""
+
+    faces: Optional[str]
+    shape: tuple = (0, 0, 3)
+
+    @property
+    def dropped(self) -> bool:
+        """Answered as dropped (newer frames pushed it out, or it was too old when its turn came)."""
+        return self.faces is None
+
+
+DROPPED_ANSWER = Answer(None)
 
 FAST_EXIT = True  # the helper: every answer is written before main returns; the CUDA tear-down is not waited for
 
@@ -48,7 +67,7 @@ class LoopProcess:
         the loader's one line where the model cannot be loaded (a missing checkpoint, say), and
         :class:`~emonet.errors.HelperError` where the process died starting."""
         self.on_step = on_step
-        self.about: Optional[dict] = None  # what it runs (provenance, detector, JPEG decoder, class names)
+        self.about: Optional[dict] = None  # what it runs (provenance, detector, JPEG decoder)
         self._refused: Optional[str] = None
         self._futures: dict[int, tuple[int, Future]] = {}  # request -> (session, its answer)
         self._in_flight: dict[int, int] = {}  # session -> its requests in _futures
@@ -89,14 +108,14 @@ class LoopProcess:
 
     def submit(self, session: int, payload: Union[np.ndarray, bytes], index: Optional[int] = None,
                timestamp: Optional[float] = None) -> Future:
-        """Queue the session's next frame (see :meth:`emonet.video.live.LiveLoop.submit`); a refusal there comes
-        back on the future."""
+        """Queue the session's next frame (see :meth:`emonet.video.live.LiveLoop.submit`); the future gives its
+        :class:`Answer`, or a refusal there."""
         if not self.alive:
             raise RuntimeError(self._helper.failure or "the live loop has stopped")
         request, future = next(self._ids), Future()
         with self._lock:
             if self._in_flight.get(session, 0) >= IN_FLIGHT:
-                future.set_result(LiveResult(DROPPED))
+                future.set_result(DROPPED_ANSWER)
                 return future
             self._futures[request] = (session, future)
             self._in_flight[session] = self._in_flight.get(session, 0) + 1
@@ -209,10 +228,10 @@ def main(spec: str) -> int:
         return 2
     engine = pipeline.engine
     jpeg = gpu_decoder(engine.device) if config["gpu_decode"] else None
+    names = list(engine.class_names)
     outbox: "queue.SimpleQueue[Optional[tuple]]" = queue.SimpleQueue()
     outbox.put(("ready", {**provenance(engine), "untrained": engine.untrained, "detector": pipeline.detector.name,
-                          "jpeg_decoder": "nvjpeg" if jpeg is not None else "cpu",
-                          "class_names": list(engine.class_names)}))
+                          "jpeg_decoder": "nvjpeg" if jpeg is not None else "cpu"}))
 
     def write() -> None:
         # One thread writes: an answer is pickled here, not in the loop's thread, which called back with it; the
@@ -225,7 +244,8 @@ def main(spec: str) -> int:
                 except queue.Empty:
                     break
             done = items[-1] is None
-            out.write(b"".join(frame(_outcome(*item[1:]) if item[0] == "done" else item) for item in items if item))
+            out.write(b"".join(frame(_outcome(*item[1:], names) if item[0] == "done" else item)
+                               for item in items if item))
             out.flush()
             if done:
                 return
@@ -263,8 +283,8 @@ def main(spec: str) -> int:
     return 0
 
 
-def _outcome(request: int, future: Future) -> tuple:
-    """A frame's answer as a message."""
+def _outcome(request: int, future: Future, names: list) -> tuple:
+    """A frame's answer as a message: its faces as the service's JSON (see :class:`Answer`)."""
     if future.cancelled():
         return ("cancelled", request)
     exc = future.exception()
@@ -272,4 +292,9 @@ def _outcome(request: int, future: Future) -> tuple:
         if isinstance(exc, FrameError):
             return ("failed", request, True, str(exc))
         return ("failed", request, False, f"{type(exc).__name__}: {exc}")
-    return ("answer", request, future.result())
+    result: LiveResult = future.result()
+    if isinstance(result.faces, str) and result.faces == DROPPED:
+        return ("answer", request, DROPPED_ANSWER)
+    faces = json.dumps([face_record(face, names) for face in result.faces], ensure_ascii=False, allow_nan=False,
+                       separators=(",", ":"))
+    return ("answer", request, Answer(faces, tuple(result.shape)))

@@ -1,3 +1,7 @@
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -96,3 +100,12 @@ def test_an_unreadable_shapes_file_means_checking_again(tmp_path, monkeypatch):
     assert remembered("any") == 4
     shapes_file().write_text('{"any": true, "other": 0}')  # not a batch size
     assert remembered("any") is None and remembered("other") is None
+
+
+def test_processes_keeping_their_shapes_at_once_lose_none(tmp_path):
+    code = ("import sys; from emonet.engine.invariance import remember\n"
+            "for i in range(40): remember(f'{sys.argv[1]} {i}', 8)")
+    env = {"EMONET_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    procs = [subprocess.Popen([sys.executable, "-c", code, name], env=env) for name in ("a", "b", "c")]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    assert len(json.loads((tmp_path / "batch-shapes.json").read_text())) == 120

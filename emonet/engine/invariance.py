@@ -20,6 +20,11 @@ import torch
 
 from ..io.atomic import AtomicFile
 
+try:
+    import fcntl
+except ImportError:  # Windows: no lock; two processes writing at once may drop a key (checked again next time)
+    fcntl = None
+
 Run = Callable[[torch.Tensor], torch.Tensor]  # exactly ``batch`` crops -> their outputs, one row each
 
 
@@ -96,17 +101,22 @@ def remembered(key: str) -> Optional[int]:
 
 
 def remember(key: str, batch: int) -> None:
-    """Keep ``batch`` for ``key`` (best effort: a folder that cannot be written costs the check next time)."""
+    """Keep ``batch`` for ``key`` (best effort: a folder that cannot be written costs the check next time). Two
+    processes keeping theirs at once take turns (a lock beside the file, where the system has them), so neither
+    loses the other's."""
     path = shapes_file()
     try:
-        try:
-            shapes = json.loads(path.read_text(encoding="utf-8"))
-            shapes = shapes if isinstance(shapes, dict) else {}
-        except (OSError, ValueError):
-            shapes = {}
-        shapes[key] = batch
         path.parent.mkdir(parents=True, exist_ok=True)
-        with AtomicFile(path) as fh:
-            json.dump(shapes, fh, indent=1, sort_keys=True)
+        with open(path.with_name(path.name + ".lock"), "a") as lock:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            try:
+                shapes = json.loads(path.read_text(encoding="utf-8"))
+                shapes = shapes if isinstance(shapes, dict) else {}
+            except (OSError, ValueError):
+                shapes = {}
+            shapes[key] = batch
+            with AtomicFile(path) as fh:
+                json.dump(shapes, fh, indent=1, sort_keys=True)
     except OSError:
         pass

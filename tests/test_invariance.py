@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,6 +107,7 @@ def test_processes_keeping_their_shapes_at_once_lose_none(tmp_path):
     code = ("import sys; from emonet.engine.invariance import remember\n"
             "for i in range(40): remember(f'{sys.argv[1]} {i}', 8)")
     env = {"EMONET_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    procs = [subprocess.Popen([sys.executable, "-c", code, name], env=env) for name in ("a", "b", "c")]
+    root = Path(__file__).resolve().parents[1]  # the package, installed or not
+    procs = [subprocess.Popen([sys.executable, "-c", code, name], env=env, cwd=root) for name in ("a", "b", "c")]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
     assert len(json.loads((tmp_path / "batch-shapes.json").read_text())) == 120

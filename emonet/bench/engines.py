@@ -242,6 +242,8 @@ def mode_report(rows: list[dict], args: argparse.Namespace, command: str) -> tup
     """The Markdown report of :func:`run_modes`'s rows, and the JSON one, with the environment and start-up floor."""
     env = environment(args.device)
     floor = startup_floor(args.device)
+    spread_sizes = next((r["cold"]["batch_spread_sizes"] for r in rows if r.get("cold", {}).get("batch_spread_sizes")),
+                        [])
     floor_line = (f"Start-up floor (a fresh process that only imports torch and touches {args.device}): "
                   f"import torch {floor['import_torch_s']:.2f} s, device init {floor['device_init_s']:.2f} s, "
                   f"whole process {floor['process_s']:.2f} s." if "error" not in floor
@@ -253,9 +255,8 @@ def mode_report(rows: list[dict], args: argparse.Namespace, command: str) -> tup
              "vs fp32: the largest difference in valence or arousal from true fp32 (TF32 off) on real faces, with "
              "a checkpoint whose outputs spread over them; bf16 (8 bits of mantissa) is expected over 0.01. "
              "Spread over batches: the largest difference of any output (expression logits, valence, arousal) "
-             "of a crop run alone and in batches of "
-             + ", ".join(map(str, next((r["cold"]["batch_spread_sizes"] for r in rows
-                                        if r.get("cold", {}).get("batch_spread_sizes")), []))) + " (0: one answer per crop).", "",
+             f"of a crop run alone and in batches of {', '.join(map(str, spread_sizes))} (0: one answer per crop).",
+             "",
              floor_line, ""]
     if any(b > 1 for b in args.batch_sizes):
         lines += ["Throughput (crops/s, steady state):", "", *_throughput_table(rows, args.batch_sizes), ""]

@@ -206,13 +206,18 @@ class Engine:
         batch = min(b for b in self.config.batch_sizes if b >= n)
         entry = self._graphs.get((batch, crops.dtype)) if self._graphs is not None else None
         if entry is None:  # no graphs, or this one's is being captured in the background: the same network
-            if n < batch:
-                crops = torch.cat([crops, crops[-1:].expand(batch - n, -1, -1, -1)])
-            return {k: v[:n] for k, v in self._run_eager(crops).items()}
+            return self._run_eager_padded(crops, batch)
         graph, static_in, static_out = entry
         static_in[:n].copy_(crops, non_blocking=True)  # rows past n keep old data: BN is per-sample
         graph.replay()
         return self._split(static_out[:n].clone())
+
+    def _run_eager_padded(self, crops: torch.Tensor, batch: int) -> Dict[str, torch.Tensor]:
+        """``crops`` run eagerly in a batch of exactly ``batch`` (padded with the last crop): a graph's shape."""
+        n = crops.shape[0]
+        if n < batch:
+            crops = torch.cat([crops, crops[-1:].expand(batch - n, -1, -1, -1)])
+        return {k: v[:n] for k, v in self._run_eager(crops).items()}
 
     def _run_lanes(self, crops: torch.Tensor) -> Dict[str, torch.Tensor]:
         """A fixed batch's slices spread over the lanes (see __init__), each lane's replays on its own stream,
@@ -225,10 +230,7 @@ class Engine:
             # In the background where the graphs are prepared so (another lane's capture may be under way there).
             entry = self._lanes[lane].get((batch, part.dtype), later=self.config.background)
             if entry is None:
-                n = part.shape[0]
-                if n < batch:
-                    part = torch.cat([part, part[-1:].expand(batch - n, -1, -1, -1)])
-                outs.append({k: v[:n] for k, v in self._run_eager(part).items()})
+                outs.append(self._run_eager_padded(part, batch))
                 continue
             graph, static_in, static_out = entry
             stream, n = self._lane_streams[lane], part.shape[0]
@@ -307,8 +309,8 @@ class Engine:
         """Run every configured batch size once so real frames do not pay autotuning; returns ms."""
         t0 = time.perf_counter()
         for batch in sorted(self.config.batch_sizes, reverse=True):  # largest first: see _capture
-            # (a slice for every lane: each captures its graph)
-            self(torch.zeros(batch * max(1, len(self._lane_streams)), 3, 256, 256, dtype=dtype_in, device=self.device))
+            slices = max(1, len(self._lane_streams))  # a slice for every lane: each captures its graph
+            self(torch.zeros(batch * slices, 3, 256, 256, dtype=dtype_in, device=self.device))
         if self.device.type == "cuda":
             synchronize(self.device)
         self.warmup_ms = (time.perf_counter() - t0) * 1e3

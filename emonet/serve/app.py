@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import statistics
 import time
 from collections import deque
@@ -38,7 +37,7 @@ from PIL import Image
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..video.live import FrameError, LiveConfig
-from .loop_process import Answer, LoopProcess
+from .loop_process import Answer, LoopProcess, to_json
 
 # Frames of one stream read but not yet answered, at most: past them its socket is not read (the client's
 # sends then wait), so a client that never reads its answers cannot make the server hold more.
@@ -293,10 +292,8 @@ def create_app(loop: LoopProcess, config: ServeConfig = ServeConfig()) -> FastAP
 
 def _with_faces(head: dict, faces: Optional[str], tail: dict) -> str:
     """One JSON object: ``head``'s members, then ``"faces"`` (already JSON text) where given, then ``tail``'s."""
-    def members(d: dict) -> str:
-        return json.dumps(d, ensure_ascii=False, allow_nan=False, separators=(",", ":"))[1:-1]
-    parts = [members(head) if head else "", f'"faces":{faces}' if faces is not None else "",
-             members(tail) if tail else ""]
+    parts = [to_json(head)[1:-1] if head else "", f'"faces":{faces}' if faces is not None else "",
+             to_json(tail)[1:-1] if tail else ""]
     return "{" + ",".join(p for p in parts if p) + "}"
 
 

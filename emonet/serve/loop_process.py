@@ -31,6 +31,7 @@ from ..io.helper import HelperClient, start_helper
 from ..results import face_record
 from ..video.live import DROPPED, FrameError, LiveConfig, LiveResult, StepHook
 
+
 @dataclass
 class Answer:
     """A frame's answer as the service sends it: its faces already as JSON text (an array of
@@ -47,6 +48,11 @@ class Answer:
 
 
 DROPPED_ANSWER = Answer(None)
+
+
+def to_json(value) -> str:
+    """The service's JSON: compact, UTF-8 as it is, never NaN."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 FAST_EXIT = True  # the helper: every answer is written before main returns; the CUDA tear-down is not waited for
 
@@ -295,6 +301,5 @@ def _outcome(request: int, future: Future, names: list) -> tuple:
     result: LiveResult = future.result()
     if isinstance(result.faces, str) and result.faces == DROPPED:
         return ("answer", request, DROPPED_ANSWER)
-    faces = json.dumps([face_record(face, names) for face in result.faces], ensure_ascii=False, allow_nan=False,
-                       separators=(",", ":"))
-    return ("answer", request, Answer(faces, tuple(result.shape)))
+    return ("answer", request, Answer(to_json([face_record(face, names) for face in result.faces]),
+                                      tuple(result.shape)))

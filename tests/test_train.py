@@ -194,8 +194,22 @@ def test_the_objective_is_least_for_the_targets_themselves_and_skips_absent_ones
                                                  "arousal_rmse", "arousal_pcc", "arousal_ccc"}
     wrong = {k: torch.randn_like(v) for k, v in exact.items()}
     assert float(objective(wrong, labels, valence, arousal)[0]) > 1.0
-    none, terms = objective(exact, torch.full((4,), -1), torch.full((4,), float("nan")), torch.full((4,), float("nan")))
-    assert float(none) == 0.0 and terms == {}
+    # The absent targets' samples change nothing: the loss is that of the others alone.
+    some = slice(0, 3)
+    alone = objective({k: v[some] for k, v in wrong.items()}, labels[some], valence[some], arousal[some])[0]
+    moved = {k: v.clone() for k, v in wrong.items()}
+    moved["expression"][3], moved["valence"][3] = 5.0, 0.9
+    assert float(objective(moved, labels, valence, arousal)[0]) == pytest.approx(
+        float(objective(wrong, labels, valence, arousal)[0]), abs=1e-6)
+    assert float(objective(wrong, labels, valence, arousal.clone().index_fill_(0, torch.tensor([3]), float("nan")))[0]) \
+        == pytest.approx(float(alone), abs=1e-5)
+    # Nothing to learn from (no target, or one valence: correlation needs two): zero, and no gradient's NaN.
+    out = {k: v.clone().requires_grad_() for k, v in wrong.items()}
+    nan = torch.full((4,), float("nan"))
+    none, terms = objective(out, torch.full((4,), -1), nan, nan.clone().index_fill_(0, torch.tensor([1]), 0.2))
+    none.backward()
+    assert float(none.detach()) == 0.0 and all(float(t.detach()) == 0.0 for t in terms.values())
+    assert all(torch.isfinite(v.grad).all() and not v.grad.any() for v in out.values())
 
 
 def test_torchrun_trains_on_two_processes_the_frozen_network_untouched(labelled, tmp_path):
@@ -218,3 +232,20 @@ def test_torchrun_trains_on_two_processes_the_frozen_network_untouched(labelled,
     before, after = read_state_dict(student), read_state_dict(tmp_path / "best.pth")
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(k.startswith("emo_fc_2.") for k in changed)
+
+
+def test_the_loader_gives_the_batches_in_order_from_its_reading_processes():
+    from emonet.train.data import CropSet, loader
+
+    rng = np.random.default_rng(0)
+    n = 12
+    data = CropSet(rng.integers(0, 256, (n, 256, 256, 3), dtype=np.uint8), np.arange(n) % 8,
+                   rng.uniform(-1, 1, n).astype(np.float32), np.full(n, np.nan, np.float32),
+                   [f"{i}.png" for i in range(n)])
+    order = [np.sort(b) for _ in range(2) for b in np.array_split(rng.permutation(n), 4)]
+    got = list(loader(data, iter(order), workers=2))
+    assert [g[4].tolist() for g in got] == [b.tolist() for b in order]
+    for (pixels, labels, valence, arousal, index), b in zip(got, order):
+        assert pixels.dtype == torch.uint8 and np.array_equal(pixels.numpy(), data.crops[b])
+        assert labels.tolist() == data.labels[b].tolist() and torch.equal(valence, torch.from_numpy(data.valence[b]))
+        assert torch.isnan(arousal).all()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 import numpy as np
 import torch
@@ -132,24 +133,61 @@ def augment(x: torch.Tensor, generator: torch.Generator, shift: float = 0.04, sc
     image, as the tools' crop pads), and jittered in brightness, contrast and saturation; draws from ``generator``
     (a CPU generator: the same draws on any device)."""
     b = len(x)
-
-    def draw(*shape):
-        return torch.rand(*shape, generator=generator).to(x.device)
-
-    flip = torch.where(draw(b) < 0.5, -1.0, 1.0)
-    zoom = 1 + (2 * draw(b) - 1) * scale
+    # Every draw made on the CPU, then sent in one copy that does not wait for the GPU's queued work.
+    draws = torch.rand(7 * b, generator=generator)
+    if x.is_cuda:
+        draws = draws.pin_memory()
+    flip_, zoom_, shift_, colour_ = draws.to(x.device, non_blocking=True).split([b, b, 2 * b, 3 * b])
+    flip = torch.where(flip_ < 0.5, -1.0, 1.0)
+    zoom = 1 + (2 * zoom_ - 1) * scale
     theta = torch.zeros(b, 2, 3, device=x.device)
     theta[:, 0, 0], theta[:, 1, 1] = flip / zoom, 1 / zoom
-    theta[:, :, 2] = (2 * draw(b, 2) - 1) * 2 * shift  # affine_grid's units: the half-width is 1
+    theta[:, :, 2] = (2 * shift_.view(b, 2) - 1) * 2 * shift  # affine_grid's units: the half-width is 1
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     x = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-    brightness, contrast, saturation = (1 + (2 * draw(3, b, 1, 1, 1) - 1) * colour).unbind(0)
+    brightness, contrast, saturation = (1 + (2 * colour_.view(3, b, 1, 1, 1) - 1) * colour).unbind(0)
     x = x * brightness
     mean = x.mean(dim=(1, 2, 3), keepdim=True)
     x = (x - mean) * contrast + mean
     grey = (0.299 * x[:, :1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3])
     x = (x - grey) * saturation + grey
     return x.clamp(0, 1)
+
+
+class BatchReader(torch.utils.data.Dataset):
+    """A crop set read a batch at a time (the DataLoader's batched fetch, ``__getitems__``): the batch's crops
+    ``(B, 256, 256, 3)`` uint8 (left out with ``crops=False``), labels, valence, arousal and the indices."""
+
+    def __init__(self, data: CropSet, crops: bool = True) -> None:
+        self.data, self.crops = data, crops
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitems__(self, index) -> tuple[torch.Tensor, ...]:
+        index = np.asarray(index, dtype=np.int64)
+        d = self.data
+        pixels = torch.from_numpy(np.ascontiguousarray(d.crops[index])) if self.crops else torch.empty(0)
+        return (pixels, torch.from_numpy(d.labels[index]), torch.from_numpy(d.valence[index]),
+                torch.from_numpy(d.arousal[index]), torch.from_numpy(index))
+
+
+def _whole(batch):
+    return batch  # BatchReader gives a batch already made
+
+
+def _reader_process(_worker: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle: it saves a state first
+
+
+def loader(data: CropSet, order: Iterable[np.ndarray], crops: bool = True, workers: int = 0,
+           pin: bool = False) -> torch.utils.data.DataLoader:
+    """The batches of ``order`` (arrays of indices) read from ``data`` in that order: by ``workers`` processes a
+    few batches ahead, into pinned memory with ``pin`` (so that the next batch's gathering and upload overlap this
+    one's step on the GPU); in this process with none."""
+    return torch.utils.data.DataLoader(BatchReader(data, crops), batch_sampler=order, collate_fn=_whole,
+                                       num_workers=workers, pin_memory=pin, prefetch_factor=4 if workers else None,
+                                       worker_init_fn=_reader_process)
 
 
 def batches(n: int, size: int, generator: Optional[torch.Generator] = None) -> list[np.ndarray]:

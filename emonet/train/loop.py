@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -30,7 +31,7 @@ from ..log import say
 from ..models.emonet import EmoNet
 from ..models.weights import load_model
 from ..provenance import weights_record
-from .data import CropSet, TrainDataError, augment, batches, crop_set, split
+from .data import CropSet, TrainDataError, augment, batches, crop_set, loader, split
 from .objective import objective
 from .report import (epoch_line, evaluate, flat_metrics, plot_curves, predict, predictions_csv, score_of,
                      write_log)
@@ -140,6 +141,13 @@ def head_outputs(model: EmoNet, features: torch.Tensor) -> dict:
     return {"expression": out[:, :n], "valence": out[:, n], "arousal": out[:, n + 1]}
 
 
+def _now(device: torch.device) -> float:
+    """The clock once the device has done all it was given."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def _save_state(path: Path, state: dict) -> None:
     with AtomicFile(path, "wb") as fh:
         torch.save(state, fh)
@@ -215,7 +223,9 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
     net = model
     if ddp.world > 1:
         net = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
+            # The main process's BatchNorm statistics are what is saved, and they come from its own batches
+            # either way (DDP would send them to the others before every step): no broadcast.
+            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
     lr = config.lr or DEFAULT_LR[config.train]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay)
     steps_per_epoch = len(batches(len(train_set), config.batch_size))
@@ -252,13 +262,27 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
                 if config.train == "head" and not config.augment and ddp.world == 1 else None)
     stop = {"signal": None}
     previous = {s: signal.signal(s, lambda sig, _f: stop.update(signal=sig)) for s in (signal.SIGINT, signal.SIGTERM)}
-    trained, seconds, done_steps = 0, 0.0, 0
+    trained, seconds, done_steps, shapes = 0, 0.0, 0, set()
+    workers = min(4, max(1, (os.cpu_count() or 2) // (2 * ddp.world))) if gpu else 0
+
+    def epoch_batches(epoch: int) -> list[np.ndarray]:
+        """The epoch's batches, from the seed and the epoch alone (a resumed run takes the same ones)."""
+        return batches(len(train_set), config.batch_size, torch.Generator().manual_seed(config.seed + epoch))
+
+    def my_share(batch: np.ndarray) -> np.ndarray:
+        return np.sort(np.array_split(batch, ddp.world)[ddp.rank])
+
+    # One reader for the whole run: its processes read the next epoch's first batches while this one's
+    # evaluation runs.
+    plan = ([my_share(b) for b in epoch_batches(e)[start_step if e == start_epoch else 0:]]
+            for e in range(start_epoch, config.epochs))
+    reader = iter(loader(train_set, (b for bs in plan for b in bs), crops=features is None, workers=workers,
+                         pin=gpu))
     epoch = start_epoch
     try:
         for epoch in range(start_epoch, config.epochs):
-            # The epoch's order from the seed and the epoch alone: a resumed run takes the same batches.
-            order = batches(len(train_set), config.batch_size, torch.Generator().manual_seed(config.seed + epoch))
-            losses = []
+            order = epoch_batches(epoch)
+            loss_sum, clock, ran = torch.zeros((), device=device), None, 0
             set_train_mode(model, config.train)
             bar = tqdm(total=len(order), initial=start_step, desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch",
                        disable=not (config.progress and ddp.main), file=sys.stderr)
@@ -266,18 +290,21 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
             for step in range(start_step, len(order)):
                 if stop["signal"] is not None:
                     break
-                t0 = time.perf_counter()
-                index = np.sort(np.array_split(order[step], ddp.world)[ddp.rank])
+                # The rate at steady state: the first steps, and the first of each batch shape (an epoch's
+                # last batch is smaller), choose kernels and allocate; they are left out.
+                shape = len(my_share(order[step]))
+                if shape not in shapes and clock is not None:
+                    seconds, clock = seconds + _now(device) - clock, None
+                if shape in shapes and done_steps >= WARM_STEPS and clock is None:
+                    clock = _now(device)
+                shapes.add(shape)
+                pixels, labels, valence, arousal, index = (t.to(device, non_blocking=True) for t in next(reader))
                 if features is None:
-                    x = torch.from_numpy(np.ascontiguousarray(train_set.crops[index])).to(device)
-                    x = x.permute(0, 3, 1, 2).float().div(255.0)  # (a channels-last view of the NHWC crops)
+                    x = pixels.permute(0, 3, 1, 2).float().div(255.0)  # (a channels-last view of the NHWC crops)
                     if config.augment:
                         x = augment(x, generator)
-                labels = torch.from_numpy(train_set.labels[index]).to(device)
-                valence = torch.from_numpy(train_set.valence[index]).to(device)
-                arousal = torch.from_numpy(train_set.arousal[index]).to(device)
                 with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
-                    outputs = net(x) if features is None else head_outputs(model, features[torch.from_numpy(index)])
+                    outputs = net(x) if features is None else head_outputs(model, features[index])
                 loss, _ = objective(outputs, labels, valence, arousal, generator)
                 optimizer.zero_grad(set_to_none=True)
                 scaler.scale(loss).backward()
@@ -286,23 +313,23 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
                 scaler.step(optimizer)
                 scaler.update()
                 schedule.step()
-                losses.append(float(loss.detach()))
-                if gpu:
-                    torch.cuda.synchronize(device)
-                done_steps += 1
-                if done_steps > WARM_STEPS:  # the rate at steady state: the first steps choose kernels, allocate
-                    seconds += time.perf_counter() - t0
-                    trained += len(index) * ddp.world
+                loss_sum += loss.detach()  # read at the epoch's end: no step waits for the GPU
+                done_steps, ran = done_steps + 1, ran + 1
+                if clock is not None:
+                    trained += len(order[step])
                 bar.update(1)
-                bar.set_postfix(loss=f"{np.mean(losses):.3f}")
+            if clock is not None:
+                seconds += _now(device) - clock
+            epoch_loss = float(loss_sum) / ran if ran else float("nan")
+            bar.set_postfix(loss=f"{epoch_loss:.3f}")
             bar.close()
             if stop["signal"] is not None:
-                start_step = step
+                start_step += ran
                 break
             start_step = 0
             if ddp.main:
                 metrics, pred = evaluate(model, val_set, device)
-                row = {"epoch": epoch + 1, "train_loss": float(np.mean(losses)) if losses else float("nan"),
+                row = {"epoch": epoch + 1, "train_loss": epoch_loss,
                        "lr": schedule.get_last_lr()[0], **flat_metrics(metrics)}
                 rows.append(row)
                 score = score_of(metrics)

@@ -9,7 +9,7 @@ import pytest
 
 import emonet
 from emonet.build import ModelOptions
-from emonet.errors import InputError
+from emonet.errors import HelperError, InputError
 from emonet.results import FrameFaces, frame_fields, frame_row
 from emonet.video import (ArraySource, CallbackSink, PipelineLoader, RowSink, StopToken, VideoConfig, VideoInput,
                           VideoRun, run_video, run_videos)
@@ -132,6 +132,18 @@ def test_a_source_that_fails_part_way_keeps_the_frames_before_it(face, config, l
                     config, loader)
     assert isinstance(run.error, InputError) and "frame 6 is not an RGB" in str(run.error)
     assert run.frames == 6  # every frame read before it
+    assert [int(r["frame"]) for r in csv.DictReader((tmp_path / "rows.csv").open())] == list(range(6))
+
+
+def test_a_decoding_process_that_dies_part_way_keeps_the_frames_it_handed_over(face, config, loader, tmp_path):
+    class Dying(ArraySource):  # as the video reader does when its decoding process dies
+        def __iter__(self):
+            yield from super().__iter__()
+            raise HelperError("the decoding process died (killed by SIGKILL)")
+
+    run = run_video(VideoInput(Dying([scene(i, face) for i in range(6)]), [RowSink(str(tmp_path / "rows.csv"))],
+                               progress=False), config, loader)
+    assert isinstance(run.error, HelperError) and run.frames == 6
     assert [int(r["frame"]) for r in csv.DictReader((tmp_path / "rows.csv").open())] == list(range(6))
 
 

@@ -184,6 +184,11 @@ def test_unwritable_output_and_wrong_extension(clip, tmp_path):
     assert out.returncode == 2 and "cannot write there" in out.stderr
     out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--output", tmp_path / "o.gif")
     assert out.returncode == 2 and ".mp4" in out.stderr
+    # A folder where a file goes: said before any work, and nothing written beside it.
+    (tmp_path / "rows").mkdir()
+    out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--csv", tmp_path / "rows")
+    assert out.returncode == 2 and "is a folder" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "rows.meta.json").exists() and not any((tmp_path / "rows").iterdir())
 
 
 @pytest.mark.parametrize("codec, name", [("h264", "h264"), ("mp4v", "mpeg4")])

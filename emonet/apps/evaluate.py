@@ -77,7 +77,7 @@ def run(args: argparse.Namespace, model) -> int:
     from ..distributed import join
     from ..evaluation.loop import PUBLISHED, locate_faces, predict, predictions_csv, published_table, score
     from ..io.atomic import write_text
-    from ..io.images import check_writable_dir
+    from ..io.images import check_output_file
     from ..pipeline import Pipeline
     from ..provenance import provenance
     from ..timing import StartupClock
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace, model) -> int:
             raise DatasetError(f"{given}: no such file or folder")
     for out in (args.report, args.predictions):
         if out:
-            check_writable_dir(Path(out).parent if str(Path(out).parent) else Path("."))
+            check_output_file(out)
     ddp = join(model.device)
     try:
         model = replace(model, device=ddp.device(model.device))

@@ -15,7 +15,8 @@ from tqdm import tqdm
 from ..drawing import annotate
 from ..io.atomic import write_text
 from ..errors import EXIT_CODES, InputError
-from ..io.images import IMAGE_EXTENSIONS, check_writable_dir, collect_images, read_image, read_images, write_image
+from ..io.images import (IMAGE_EXTENSIONS, check_output_file, check_writable_dir, collect_images, read_image,
+                         read_images, write_image)
 from ..results import FaceResult, face_record, photo_fields, photo_row
 from ..cli import ToolParser, plural
 # (the model's modules, which import torch, are imported where the tool runs: --help is quick)
@@ -57,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
     paths = collect_images([str(SAMPLE_PHOTO) if p == "sample" else p for p in args.image])
     out_file, out_dir = _output_plan(args.output, len(paths))
     if args.json and args.json != "-":
-        check_writable_dir(Path(args.json).parent if str(Path(args.json).parent) else Path("."))
+        check_output_file(args.json)
     if args.csv:
-        check_writable_dir(Path(args.csv).parent if str(Path(args.csv).parent) else Path("."))
+        check_output_file(args.csv)
 
     # A lone image that cannot be read is bad input: say so before paying the engine's load and warm-up
     # (a compiled engine's first start takes minutes). Among several, it is one warning and exit code 1.

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from ..cli import ToolParser
 from ..log import say
 from ..errors import EXIT_CODES
-from ..io.decode_worker import is_stream_url
-from ..io.images import check_writable_dir
+from ..io.containers import is_stream_url
+from ..io.images import check_output_file
 from ..io.writer import CODECS, check_video_name
 from .common import add_model_arguments, model_options, run_tool
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     source = args.video[0]
     for path in (args.output, args.csv, args.jsonl):
         if path and path != "-":
-            check_writable_dir(Path(path).parent if str(Path(path).parent) else Path("."))
+            check_output_file(path)
     if args.output:
         check_video_name(args.output, args.codec)
     device = select_device(args.device, quiet=True)

@@ -85,7 +85,7 @@ def decode_loop(clip: Path) -> float:
 
     The reference "what decoding allows": no colour conversion, copy or hand-over between threads.
     """
-    from ..io.decode_worker import open_capture
+    from ..io.containers import open_capture
     cap = open_capture(str(clip))
     n, start = 0, time.perf_counter()
     while cap.read()[0]:

@@ -11,7 +11,8 @@ import numpy as np
 
 from ..errors import HelperError, InputError
 from . import ipc
-from .decode_worker import STALL_SECONDS, Kind, is_stream_url
+from .containers import STALL_SECONDS, is_stream_url
+from .decode_worker import Kind
 from .frames import Ending
 from .helper import died, start_helper
 

@@ -114,6 +114,15 @@ def write_image(path: Union[str, Path], rgb: np.ndarray) -> None:
     write_bytes(path, buf.tobytes())
 
 
+def check_output_file(path: Union[str, Path]) -> Path:
+    """An output file's path, checked before any work is done: not a folder, and its folder writable."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder; give a file name for this output (e.g. {path / 'rows.csv'})")
+    check_writable_dir(path.parent)
+    return path
+
+
 def check_writable_dir(path: Union[str, Path]) -> Path:
     """Create ``path`` if needed and prove a file can be written there, before any work is done."""
     path = Path(path)

@@ -53,7 +53,7 @@ class NvdecVideo:
             raise Unsupported(f"NVDEC cannot open it ({str(exc).strip().splitlines()[0]})") from None
 
     def _probe(self, path: str) -> None:
-        from .decode_worker import open_pyav, presentation_times
+        from .containers import open_pyav, presentation_times
         reader = open_pyav(path)
         if reader is None:
             raise Unsupported("not a file PyAV hands over as 4:2:0 planes")

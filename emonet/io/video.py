@@ -20,7 +20,7 @@ import torch
 from ..errors import HelperError, InputError
 from . import nvdec
 from .colour import colours, host_rgb, i420_to_rgb
-from .decode_worker import STALL_SECONDS, end_index, in_run, is_stream_url
+from .containers import STALL_SECONDS, end_index, in_run, is_stream_url
 from .decoding import Decoder
 from .frames import Ending, Frame
 

@@ -8,7 +8,8 @@
     run = run_video(VideoInput(lambda: open_source("clip.mp4", config, device), sinks_for(csv_path="rows.csv")), config)
 """
 from .config import VideoConfig
-from .runner import PipelineLoader, Sink, StopToken, VideoInput, VideoRun, run_video, run_videos
+from .loading import PipelineLoader
+from .runner import Sink, StopToken, VideoInput, VideoRun, run_video, run_videos
 from .sinks import AnnotatedSink, CallbackSink, Drawers, RowSink, SummarySink, sinks_for
 from .sources import ArraySource, Source, open_source, open_sources
 

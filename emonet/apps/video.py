@@ -126,7 +126,8 @@ def report(run: "VideoRun", config: "VideoConfig") -> None:
     if drawn is not None:
         others = (f"{'; plan, draw, to encoders and encoder wait in the drawing process' if drawn.apart else ''}; "
                   f"encode in the encoding process")
-    where = "is NVDEC's, on the GPU" if run.source.nvdec else "runs in a process of its own"
+    where = ("is NVDEC's, on the GPU" if run.source.nvdec
+             else "runs in a process of its own, its conversion to RGB in a thread of this one")
     print(f"time per frame by stage (ms; decode {where}{others}; the rest in this one, "
           f"EmoNet with tracking and crops): {per}", file=err)
     cores = sum(run.cpu.values()) / max(wall, 1e-9)
@@ -140,7 +141,8 @@ def report(run: "VideoRun", config: "VideoConfig") -> None:
     for path, what in outputs:
         if path and path != "-":
             print(f"{what}: {path}", file=err)
-    print(run.timer.summary().format(f"crop + EmoNet per batch (up to {config.batch_size} frames)", "frame"), file=err)
+    print(run.timer.summary().format(f"track, crop and queue EmoNet per batch (up to {config.batch_size} frames)",
+                                     "frame"), file=err)
     ending = run.source.ending
     if ending is not None and ending.dropped:
         print(f"note: {ending.dropped} frames of the live source were dropped (read as they came while the "

@@ -80,7 +80,7 @@ def to_onnx(model: nn.Module, batch: Optional[int] = None, metadata: Optional[di
     """The serialized ONNX model of ``model`` (EmoNet, fp32, on the CPU); ``batch``: fixed, or None for a dynamic
     batch; ``metadata``: string pairs stored in the file."""
     onnx, _ = _onnx_modules()
-    wrapped = _Exported(model.float().cpu().eval())
+    wrapped = _Exported(model.float().cpu().eval()).eval()  # (the wrapper too: the exporter warns otherwise)
     example = torch.zeros(batch or 2, 3, 256, 256, dtype=torch.uint8)
     dynamic = None if batch else {"crops": {0: torch.export.Dim("batch", min=1, max=4096)}}
     try:

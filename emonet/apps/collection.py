@@ -206,7 +206,7 @@ def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan:
         print(f"error: {errors[video]}", file=err)
     wall = time.perf_counter() - wall0
     if mine and loader.pipeline is not None:
-        where = f"rank {rank} ({args.device or 'cuda:0'}): " if world > 1 else ""
+        where = f"rank {rank} ({loader.pipeline.engine.device}): " if world > 1 else ""
         flowing = (last - first) if first is not None else 0.0
         print(f"{where}{plural(len(mine) - len(errors), 'video')}, {plural(frames, 'frame')}: "
               f"{frames / max(flowing, 1e-9):.1f} frames/s from the first frame to the last ({flowing:.2f} s), "

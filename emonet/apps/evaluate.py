@@ -14,7 +14,7 @@ from .common import add_model_arguments, model_options, run_tool
 EXAMPLES = """examples:
   %(prog)s --dataset affectnet --root /data/AffectNet --subset test --nclasses 8 --report report.json
   %(prog)s --dataset csv --csv labels.csv --predictions predictions.csv
-  torchrun --nproc-per-node 4 %(prog)s --dataset affectnet --root /data/AffectNet   # several GPUs
+  torchrun --nproc-per-node 4 -m emonet.apps.evaluate --dataset affectnet --root /data/AffectNet  # several GPUs
 """
 
 

@@ -81,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
     if result.after:
         print(f"validation at the best epoch ({result.best_epoch}):\n{published_table(result.after, None)}",
               file=sys.stderr)
-    print(f"training: {result.throughput:.1f} crops/s; written: {result.best} (loads with --weights), "
+    # The rate leaves out the first steps and each batch shape's first (kernels chosen, memory allocated).
+    rate = f"{result.throughput:.1f} crops/s" if result.throughput else "too few steps to time"
+    print(f"training: {rate}; written: {result.best} (loads with --weights), "
           f"{result.log}, {result.files['curves']}", file=sys.stderr)
     if result.interrupted:
         print("stopped: the state is saved; go on with the same command and --resume", file=sys.stderr)

@@ -157,7 +157,7 @@ EXAMPLES = """examples:
   %(prog)s --video clip.mp4 --output annotated.mp4 --csv frames.csv
   %(prog)s --video recordings/ --out-dir results/          # every video: rows, summary, plot; summary.csv
   %(prog)s --video recordings/ --out-dir results/ --devices all  # every GPU here, a worker each
-  torchrun --nnodes 2 --nproc-per-node 8 ... %(prog)s --video recordings/ --out-dir results/   # several machines
+  torchrun --nnodes 2 --nproc-per-node 8 ... -m emonet.apps.video --video recordings/ --out-dir results/  # machines
   %(prog)s --video clip.mp4 --csv frames.csv --landmarks --start 10 --end 20
   %(prog)s --video clip.mp4 --jsonl frames.jsonl --weights random     # try it without the released weights
   %(prog)s --video 0                                                  # a camera: rows on the terminal

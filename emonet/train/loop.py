@@ -323,8 +323,8 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
             epoch_loss = float(loss_sum) / ran if ran else float("nan")
             bar.set_postfix(loss=f"{epoch_loss:.3f}")
             bar.close()
-            if stop["signal"] is not None:
-                start_step += ran
+            if stop["signal"] is not None and start_step + ran < len(order):
+                start_step += ran  # resumed from the next step (an epoch whose steps all ran is finished first)
                 break
             start_step = 0
             if ddp.main:

@@ -8,8 +8,9 @@ import platform
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Optional
+
+from ..io.atomic import write_text
 
 
 def startup_floor(device: str) -> dict:
@@ -53,9 +54,7 @@ def fmt_rate(v: Optional[float]) -> str:
 def save(path: Optional[str], content: str) -> None:
     """Write ``content`` to ``path`` whole or not at all (a temporary name, then a rename)."""
     if path:
-        tmp_path = Path(f"{path}.tmp")
-        tmp_path.write_text(content)
-        os.replace(tmp_path, path)
+        write_text(path, content)
 
 
 def show_report(text: str, markdown: Optional[str]) -> None:

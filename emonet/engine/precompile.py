@@ -15,12 +15,12 @@ user's own cache folder (created private) and reads back, with the trust torch g
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 
+from ..io.atomic import write_bytes
 from ..log import say
 
 
@@ -80,9 +80,7 @@ class Precompiled:
         data = type(entry).serialize(entry).serialized_data
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = self.folder / f"{hashlib.sha1(data).hexdigest()[:16]}.bin"
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)  # another process sees a whole artifact or none
+        write_bytes(path, data)  # another process sees a whole artifact or none
         entry.disable_guard_check()
         self.compiled += 1
         return entry

@@ -6,7 +6,6 @@ temporary name and renamed on close, so an output is either a playable video or 
 """
 from __future__ import annotations
 
-import os
 from fractions import Fraction
 from pathlib import Path
 from typing import Optional, Union
@@ -15,6 +14,7 @@ import cv2
 import numpy as np
 
 from ..errors import InputError
+from .atomic import AtomicPath
 
 CODECS = ("h264", "mp4v")
 QP = 20  # x264's constant quantiser for the annotated video (lower: better and larger)
@@ -54,15 +54,16 @@ class VideoWriter:
         self._yuv: Optional[np.ndarray] = None
         self._first_pts: Optional[int] = None
         self._last_pts = -1
-        # Same folder, so the rename is atomic; the container is named explicitly, not taken from the name.
-        self.tmp = self.path.with_name(f".{self.path.stem}.{os.getpid()}.partial{suffix}")
+        # The container is named explicitly, not taken from the temporary name.
+        self._place = AtomicPath(self.path, keep_suffix=True)
+        self.tmp = self._place.tmp
         try:
             if codec == "mp4v":
                 self._open_opencv(fps)
             else:
                 self._open_pyav(fps, _CONTAINERS[suffix], threads)
         except InputError:
-            self.tmp.unlink(missing_ok=True)
+            self._place.abort()
             raise
 
     def _open_opencv(self, fps: float) -> None:
@@ -164,7 +165,6 @@ class VideoWriter:
             self._av.close()  # writes the index, moved to the front (faststart)
             self._av = None
         if self.frames == 0:
-            self.tmp.unlink(missing_ok=True)
+            self._place.abort()
             return None
-        os.replace(self.tmp, self.path)
-        return self.path
+        return self._place.commit()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-import tempfile
 import urllib.error
 import urllib.request
 import warnings
@@ -20,6 +19,7 @@ from typing import Mapping, Optional, Sequence, Union
 import torch
 
 from ..classes import EXPRESSIONS_5, EXPRESSIONS_8
+from ..io.atomic import AtomicFile
 from ..log import say
 from .emonet import EmoNet
 
@@ -94,23 +94,24 @@ def download_weights(weights: Weights, dest_dir: Union[str, Path], progress: boo
     except OSError as exc:
         raise CheckpointError(f"cannot create {dest_dir} for the download ({exc.strerror}); "
                               f"set EMONET_HOME to a writable folder") from None
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{weights.filename}.", suffix=".part", dir=dest_dir)
-    tmp = Path(tmp_name)
+    partial = AtomicFile(dest, "wb")
+    out = partial.file
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(weights.url, timeout=30) as response:
+        with urllib.request.urlopen(weights.url, timeout=30) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
                       desc=weights.filename, disable=not progress) as bar:
                 for chunk in iter(lambda: response.read(1 << 20), b""):
                     out.write(chunk)
                     bar.update(len(chunk))
-        actual = git_blob_sha1(tmp)
+        out.flush()
+        actual = git_blob_sha1(partial.tmp)
         if actual != weights.git_blob_sha1:
             raise CheckpointError(
                 f"downloaded {weights.filename} does not match its published hash "
                 f"(got {actual[:12]}, expected {weights.git_blob_sha1[:12]}); nothing was saved. "
                 f"Download it from {weights.url} by hand and put it at {dest}")
-        os.replace(tmp, dest)
+        partial.commit()
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc
         local_copy = local_pretrained_dir() / weights.filename
@@ -120,7 +121,7 @@ def download_weights(weights: Weights, dest_dir: Union[str, Path], progress: boo
             f"{weights.url} elsewhere and put it at {places}"
         ) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        partial.abort()  # (nothing left to remove once committed)
     return dest
 
 

@@ -36,7 +36,9 @@ def provenance(engine) -> dict:
     """What a run ran: versions, weights, engine, precision and device (an :class:`emonet.engine.Engine`)."""
     device = engine.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
-    return {"emonet_version": __version__, "torch_version": torch.__version__,
+    # Plain types only: a record goes to helper processes (the plots), and torch's own version type would make
+    # unpickling it there import torch.
+    return {"emonet_version": __version__, "torch_version": str(torch.__version__),
             "weights": weights_record(engine.weights_source), "classes": list(engine.class_names),
             "engine": engine.config.name, "precision": engine.config.precision,
             "device": f"{device} ({name})"}

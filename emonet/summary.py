@@ -3,6 +3,7 @@ collection, and a plot of valence, arousal and expression over time (matplotlib,
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import json
 import os
@@ -146,6 +147,9 @@ class VideoSummary:
         write_bytes(path, buffer.getvalue())
 
 
+FAST_EXIT = True  # the plotting process: every plot is written when serve_plots returns; no tear-down waited for
+
+
 class PlotProcess:
     """Plots drawn by a process of its own, one after the other, while the caller goes on.
 
@@ -160,15 +164,20 @@ class PlotProcess:
         self._failed: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def submit(self, summary: VideoSummary, path: Union[str, Path]) -> None:
-        """Plot ``summary`` into ``path`` (atomically, as :meth:`VideoSummary.plot`); ``summary`` must not
-        change afterwards."""
+    def start(self) -> None:
+        """Start the process now (once), so that it has imported matplotlib before the first plot: a run
+        that starts it with its videos pays none of that after its last frame."""
         if self._helper is None:
             # A plot not handed over (the process had ended) fails with the process's reason.
             self._helper = HelperClient("plotting", start_helper("emonet.summary:serve_plots"),
                                         {"error": self._fail}, thread="emonet-plots",
                                         unsent=lambda item, why: self._fail(item[1], why))
             self._helper.start()
+
+    def submit(self, summary: VideoSummary, path: Union[str, Path]) -> None:
+        """Plot ``summary`` into ``path`` (atomically, as :meth:`VideoSummary.plot`); ``summary`` must not
+        change afterwards."""
+        self.start()
         # Sent from a thread: a summary larger than the pipe's buffer would otherwise wait here until the
         # process has finished the plot before (a tenth of a second or more).
         self._helper.send((summary, str(path)))
@@ -195,6 +204,7 @@ def serve_plots() -> None:
     handed over are finished.
     """
     os.environ.setdefault("MPLBACKEND", "Agg")
+    importlib.import_module("matplotlib.figure")  # now, while the caller's videos run, not at the first plot
     for summary, path in ipc.messages(sys.stdin.buffer):
         try:
             summary.plot(path)

@@ -65,3 +65,25 @@ def test_summary_rows_say_no_face_with_the_frame_count_and_untrained_weights():
     assert row["frames"] == 10 and row["note"] == "no face" and row["untrained"] == 1 and row["error"] == ""
     (failed,) = summary_rows({"video": "bad.mp4", "error": "bad.mp4: not a video"})
     assert failed["frames"] == 0 and failed["error"] and failed["untrained"] == ""
+
+
+def test_a_run_s_summary_reaches_the_plotting_process_without_making_it_import_torch(tmp_path):
+    # The plotting process imports NumPy and matplotlib only: a summary carrying torch's own types (its version
+    # string is one) made it import torch for each collection's first plot, seconds after the last frame.
+    import pickle
+    import subprocess
+    import sys
+
+    from emonet.engine import Engine, EngineConfig
+    from emonet.models.weights import load_model
+    from emonet.provenance import provenance
+
+    summary = VideoSummary("clip.mp4", class_names(8), fps=25.0)
+    summary.add(0.0, [_face(0, 0)])
+    summary.provenance = provenance(Engine(load_model("random", device="cpu"), "cpu", EngineConfig(warmup=False)))
+    (tmp_path / "summary.pkl").write_bytes(pickle.dumps(summary))
+    code = ("import pickle, sys; pickle.loads(open(sys.argv[1], 'rb').read()); "
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "summary.pkl")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -141,6 +141,8 @@ def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan:
     device = select_device(args.device, quiet=True)
     sources = open_sources([str(v) for v in mine], config, device)
     plots = PlotProcess()
+    if mine:
+        plots.start()  # its imports overlap the model's load and the videos, not the end
     drawers = Drawers(device) if args.output_videos else None
     if drawers is not None and mine:  # all this process's videos, together (a count not known: as long)
         drawers.start(sum(counts) if all(counts) else None)

@@ -118,7 +118,7 @@ def check_output_file(path: Union[str, Path]) -> Path:
     """An output file's path, checked before any work is done: not a folder, and its folder writable."""
     path = Path(path)
     if path.is_dir():
-        raise InputError(f"{path}: is a folder; give a file name for this output (e.g. {path / 'rows.csv'})")
+        raise InputError(f"{path}: is a folder; give this output a file's name (one inside that folder, say)")
     check_writable_dir(path.parent)
     return path
 

@@ -171,6 +171,51 @@ def test_sigterm_saves_a_state_that_resume_finishes_as_an_uninterrupted_run(labe
     np.testing.assert_allclose([list(r.values()) for r in cut], [list(r.values()) for r in uncut], rtol=1e-6)
 
 
+@pytest.mark.slow
+def test_under_torchrun_a_stop_asked_of_one_process_stops_both_at_the_same_step_and_saves_a_state(labelled,
+                                                                                                  tmp_path):
+    # Neither process waits for the other in a collective it will never join: no hang, a state to resume from.
+    import os
+    import signal
+    import socket
+    import time
+
+    labels, student = labelled
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ddp"
+    launcher = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                 "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "emonet.apps.train",
+                                 "--device", "cpu", "--quiet", "--csv", str(labels), "--weights", str(student),
+                                 "--train", "head", "--no-augment", "--epochs", "400", "--batch-size", "2",
+                                 "--val-fraction", "0.25", "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 300
+        while not ((out / "log.csv").is_file() and len(read_log(out / "log.csv")) >= 1):
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()[1][-3000:]
+            time.sleep(0.2)
+        workers = []
+        for pid in os.listdir("/proc"):
+            try:
+                stat = open(f"/proc/{pid}/stat").read()
+                environ = open(f"/proc/{pid}/environ", "rb").read()
+            except (OSError, ValueError):
+                continue
+            if pid.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == launcher.pid:
+                workers.append((b"\0RANK=1\0" in b"\0" + environ, int(pid)))
+        (second,) = [pid for is_second, pid in workers if is_second]
+        os.kill(second, signal.SIGTERM)  # the second process only
+        launcher.communicate(timeout=240)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    state = torch.load(out / "last.state", weights_only=True)
+    assert state["epoch"] < 400 and len(read_log(out / "log.csv")) == state["epoch"]
+
+
 def test_augmentation_is_seeded_and_mirrors_shifts_and_recolours_within_range():
     from emonet.engine.check import real_face_crops
     x = real_face_crops(4).float().div(255.0)

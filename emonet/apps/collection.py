@@ -141,8 +141,6 @@ def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan:
     device = select_device(args.device, quiet=True)
     sources = open_sources([str(v) for v in mine], config, device)
     plots = PlotProcess()
-    if mine:
-        plots.start()  # its imports overlap the model's load and the videos, not the end
     drawers = Drawers(device) if args.output_videos else None
     if drawers is not None and mine:  # all this process's videos, together (a count not known: as long)
         drawers.start(sum(counts) if all(counts) else None)
@@ -171,6 +169,8 @@ def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan:
     first = last = None  # when the first video's first frame came, and when the last video ended
     interrupted = False
     stop = StopToken().install()
+    if mine:
+        plots.start()  # its imports overlap the model's load and the videos, not the end
     runs = run_videos(inputs(), config, loader, stop, startup)
     try:
         for run in runs:
@@ -201,6 +201,7 @@ def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan:
         sources.close()
         if drawers is not None:
             drawers.close()
+        plots.wait()  # (again below, for what failed: it keeps that) never left running
     for path, why in plots.wait().items():  # a failed plot: that video's outputs are incomplete
         video = next((str(v) for v in mine if str(output_paths(out_dir, v, args.output_videos)["plot"]) == path),
                      path or "a video")

@@ -94,7 +94,11 @@ def download_weights(weights: Weights, dest_dir: Union[str, Path], progress: boo
     except OSError as exc:
         raise CheckpointError(f"cannot create {dest_dir} for the download ({exc.strerror}); "
                               f"set EMONET_HOME to a writable folder") from None
-    partial = AtomicFile(dest, "wb")
+    try:
+        partial = AtomicFile(dest, "wb")
+    except OSError as exc:
+        raise CheckpointError(f"cannot write in {dest_dir} for the download ({exc.strerror}); "
+                              f"set EMONET_HOME to a writable folder") from None
     out = partial.file
     try:
         with urllib.request.urlopen(weights.url, timeout=30) as response:

@@ -148,6 +148,39 @@ def _now(device: torch.device) -> float:
     return time.perf_counter()
 
 
+class StopVote:
+    """Whether to stop before a step, the same answer in every process: alone, as soon as asked; under torchrun,
+    once any process was asked, a step later (each step's flag is all-reduced without waiting and read at the next
+    step, so no process stops while another waits for it in a collective, and the host stays a step ahead)."""
+
+    def __init__(self, world: int, device: torch.device) -> None:
+        self.world, self.device = world, device
+        self._pending = None  # the last step's vote: (host copy, event)
+
+    def __call__(self, asked: bool) -> bool:
+        if self.world == 1:
+            return asked
+        import torch.distributed as dist
+
+        agreed = False
+        if self._pending is not None:
+            host, done = self._pending
+            if done is not None:
+                done.synchronize()  # the vote's copy, queued before the last step's work: not that work
+            agreed = bool(host.item())
+        flag = torch.full((1,), float(asked), device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True).wait()  # on a GPU: the stream waits, not us
+        if self.device.type == "cuda":
+            host = torch.empty(1, pin_memory=True)
+            host.copy_(flag, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            self._pending = (host, done)
+        else:
+            self._pending = (flag, None)
+        return agreed
+
+
 def _save_state(path: Path, state: dict) -> None:
     with AtomicFile(path, "wb") as fh:
         torch.save(state, fh)
@@ -263,6 +296,7 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
     stop = {"signal": None}
     previous = {s: signal.signal(s, lambda sig, _f: stop.update(signal=sig)) for s in (signal.SIGINT, signal.SIGTERM)}
     trained, seconds, done_steps, shapes = 0, 0.0, 0, set()
+    vote, stopped = StopVote(ddp.world, device), False
     workers = min(4, max(1, (os.cpu_count() or 2) // (2 * ddp.world))) if gpu else 0
 
     def epoch_batches(epoch: int) -> list[np.ndarray]:
@@ -274,7 +308,8 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
 
     # One reader for the whole run: its processes read the next epoch's first batches while this one's
     # evaluation runs.
-    plan = ([my_share(b) for b in epoch_batches(e)[start_step if e == start_epoch else 0:]]
+    first_step = start_step  # (bound now: the generator runs later, as the reader asks)
+    plan = ([my_share(b) for b in epoch_batches(e)[first_step if e == start_epoch else 0:]]
             for e in range(start_epoch, config.epochs))
     reader = iter(loader(train_set, (b for bs in plan for b in bs), crops=features is None, workers=workers,
                          pin=gpu))
@@ -288,7 +323,8 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
                        disable=not (config.progress and ddp.main), file=sys.stderr)
             step = start_step
             for step in range(start_step, len(order)):
-                if stop["signal"] is not None:
+                if vote(stop["signal"] is not None):
+                    stopped = True
                     break
                 # The rate at steady state: the first steps, and the first of each batch shape (an epoch's
                 # last batch is smaller), choose kernels and allocate; they are left out.
@@ -323,8 +359,8 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
             epoch_loss = float(loss_sum) / ran if ran else float("nan")
             bar.set_postfix(loss=f"{epoch_loss:.3f}")
             bar.close()
-            if stop["signal"] is not None and start_step + ran < len(order):
-                start_step += ran  # resumed from the next step (an epoch whose steps all ran is finished first)
+            if stopped:  # (asked during an epoch's last step: the epoch is finished, and the next one stops at once)
+                start_step += ran  # resumed from the next step
                 break
             start_step = 0
             if ddp.main:
@@ -345,7 +381,7 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    interrupted = stop["signal"] is not None
+    interrupted = stopped or stop["signal"] is not None
     if ddp.main:
         _save_state(state_path, {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),

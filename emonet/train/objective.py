@@ -21,7 +21,7 @@ def _regression(y: torch.Tensor, p: torch.Tensor, keep: torch.Tensor) -> tuple[t
     w = keep.float()
     n = w.sum().clamp_min(1.0)
     y = torch.where(keep, y.float(), 0.0)
-    p = p.float() * w
+    p = torch.where(keep, p.float(), 0.0)
     my, mp = y.sum() / n, p.sum() / n
     yc, pc = (y - my) * w, (p - mp) * w
     rmse = (((y - p) * w).pow(2).sum() / n).add(1e-12).sqrt()

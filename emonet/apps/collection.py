@@ -35,6 +35,7 @@ from ..video import (AnnotatedSink, Drawers, PipelineLoader, RowSink, StopToken,
 from ..video.sources import no_frames
 from .collection_plan import collect_videos, output_paths, parse_devices, probe, shares
 
+
 def _report_together(flows: list[tuple[int, Optional[float], Optional[float]]]) -> None:
     """Every process's frames from the first frame to the last, as one throughput (rank 0, under torchrun)."""
     ran = [(frames, first, last) for frames, first, last in flows if first is not None]
@@ -192,17 +193,14 @@ def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan:
             last = time.time()  # the wall clock: the processes' times are put side by side
             first = first if first is not None else last - run.wall
             frames += run.frames
-    except KeyboardInterrupt:
-        plots.wait()
-        raise
     finally:
         stop.restore()
         runs.close()
         sources.close()
         if drawers is not None:
             drawers.close()
-        plots.wait()  # (again below, for what failed: it keeps that) never left running
-    for path, why in plots.wait().items():  # a failed plot: that video's outputs are incomplete
+        failed_plots = plots.wait()  # whatever happened: the plotting process is never left running
+    for path, why in failed_plots.items():  # a failed plot: that video's outputs are incomplete
         video = next((str(v) for v in mine if str(output_paths(out_dir, v, args.output_videos)["plot"]) == path),
                      path or "a video")
         errors[video] = f"{video}: the plot could not be written ({why})"

@@ -4,7 +4,7 @@ plot, then ``OUT/summary.csv``; resumable; shared over the GPUs of a machine (``
 
 The model loads and warms up once per process. Each process takes its share of the videos, balanced by
 frame count (longest first, each to the least-loaded process). With ``--devices`` this process starts one
-worker per device (spawned: CUDA is never touched here) and gathers their results; under ``torchrun`` each
+worker per device (forked: CUDA is never touched here) and gathers their results; under ``torchrun`` each
 rank works on GPU ``LOCAL_RANK`` and rank 0 gathers. Either way ``summary.csv`` is written once every
 process has finished, and the outputs are those of one process.
 """
@@ -228,11 +228,17 @@ def _worker(rank: int, device: str, args: argparse.Namespace, config: VideoConfi
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     os.setpgid(0, 0)
+    workers = len(plan.shares)
     args.device = device
     config = replace(config, model=replace(config.model, device=device))
     if device.startswith("cuda"):
         import torch
         torch.cuda.set_device(device)  # work placed on "cuda" (graph capture too) goes to this worker's GPU
+        # A forked worker keeps torch's CPU threads at one per core, as its parent had them: every worker's
+        # CPU work (the model's build, its host side) then runs that many threads on the same cores, and their
+        # spinning made each worker's start-up several times longer. The cores are shared out instead (a GPU
+        # worker's numbers do not depend on its CPU threads; CPU workers keep theirs, whose numbers might).
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
     def wait_for_all() -> None:
         try:
@@ -243,7 +249,7 @@ def _worker(rank: int, device: str, args: argparse.Namespace, config: VideoConfi
     code = 0
     try:
         try:
-            result = _process(args, config, out_dir, plan, rank, len(plan.shares), wait_for_all)
+            result = _process(args, config, out_dir, plan, rank, workers, wait_for_all)
         except KeyboardInterrupt:
             result = _Result({}, (0, None, None), interrupted=True)
         results.put((rank, result))

@@ -46,20 +46,20 @@ class FrameFaces:
 def face_record(face: FaceResult, class_names: Sequence[str]) -> dict:
     """One face as JSON: id, box, score, whether the detector saw it, expression, probabilities by class name,
     valence, arousal, landmarks."""
-    # Rounded as Python floats (tolist first): a live service writes this for every face of every frame.
-    points = [round(v, 2) for v in np.asarray(face.landmarks, np.float64).ravel().tolist()]
+    # Rounded by numpy, as the video rows are, in a few calls: a live service writes this for every face of
+    # every frame, in the process that steps the GPU.
     return {
         "face_id": face.face_id,
-        "box": [round(v, 2) for v in np.asarray(face.box, np.float64).tolist()],
+        "box": np.round(np.asarray(face.box, np.float64), 2).tolist(),
         # Between detections (video, streams) there is no score of the frame's own: null, never NaN (not JSON).
         "score": round(face.score, 4) if face.detected else None,
         "detected": face.detected,
         "expression": class_names[face.expression],
         "expression_index": face.expression,
-        "probabilities": {name: round(p, 5) for name, p in zip(class_names, np.asarray(face.probabilities).tolist())},
+        "probabilities": dict(zip(class_names, np.round(np.asarray(face.probabilities, np.float64), 5).tolist())),
         "valence": round(face.valence, 5),
         "arousal": round(face.arousal, 5),
-        "landmarks": [points[i:i + 2] for i in range(0, len(points), 2)],
+        "landmarks": np.round(np.asarray(face.landmarks, np.float64).reshape(-1, 2), 2).tolist(),
     }
 
 

@@ -18,8 +18,8 @@ behind any load balancer.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import io
-import statistics
 import time
 from collections import deque
 from contextlib import asynccontextmanager
@@ -125,6 +125,10 @@ class Metrics:
         self.latency = Histogram("emonet_latency_seconds", "seconds from reading a request or frame to sending its "
                                  "answer", ["endpoint"], registry=r,
                                  buckets=(.0025, .005, .01, .02, .03, .05, .1, .25, .5, 1, 2.5, 5))
+
+        # Each stream frame counts under one of these: looked up once, not per frame.
+        self.frame_outcomes = {status: self.frames.labels(status) for status in ("ok", "dropped", "bad", "failed")}
+        self.stream_latency = self.latency.labels("stream")
 
     def step(self, images: int, faces: int, seconds: float) -> None:
         """Record one GPU step (called by the live loop's thread)."""
@@ -290,6 +294,15 @@ def create_app(loop: LoopProcess, config: ServeConfig = ServeConfig()) -> FastAP
     return app
 
 
+STEADY_FRAMES = 300  # a stream's steady-state latency: the median over this many of its last frames answered
+
+
+def _median(ordered: list) -> float:
+    """The median of a sorted, non-empty list."""
+    half = len(ordered) // 2
+    return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
+
+
 def _with_faces(head: dict, faces: Optional[str], tail: dict) -> str:
     """One JSON object: ``head``'s members, then ``"faces"`` (already JSON text) where given, then ``tail``'s."""
     parts = [to_json(head)[1:-1] if head else "", f'"faces":{faces}' if faces is not None else "",
@@ -301,33 +314,36 @@ async def _send_answers(socket: WebSocket, answers: asyncio.Queue, start: float,
                         timeout: float) -> None:
     """A stream's answers, in its frames' order, each once its frame is read (or dropped, or refused); the
     latencies from reading a frame to sending its answer, the first against the steady state."""
-    first, steady = None, deque(maxlen=300)  # the steady state: the median of the last 300 frames answered
+    # The steady state: the median of the last 300 frames answered, kept sorted as they come and go (a reply
+    # each frame; sorting 300 values for each would be most of this loop's work).
+    first, recent, ordered = None, deque(), []
+    outcomes = metrics.frame_outcomes
     while (item := await answers.get()) is not None:
         index, received, outcome = item
         reply: dict = {"frame": index, "timestamp": round(received - start, 6)}
         faces: Optional[str] = None  # the faces' JSON, made in the loop's process
         if isinstance(outcome, BadImage):
             reply["error"] = str(outcome)
-            metrics.frames.labels("bad").inc()
+            outcomes["bad"].inc()
         elif isinstance(outcome, Exception):
             reply["error"] = f"the analysis failed: {outcome}"
-            metrics.frames.labels("failed").inc()
+            outcomes["failed"].inc()
         else:
             try:
                 result: Answer = await asyncio.wrap_future(outcome)
             except FrameError as exc:
                 reply["error"] = str(exc)
-                metrics.frames.labels("bad").inc()
+                outcomes["bad"].inc()
             except Exception as exc:  # noqa: BLE001 - the analysis failed for this frame: said, and on
                 reply["error"] = f"the analysis failed: {type(exc).__name__}: {exc}"
-                metrics.frames.labels("failed").inc()
+                outcomes["failed"].inc()
             else:
                 if result.dropped:
                     reply["dropped"] = True
-                    metrics.frames.labels("dropped").inc()
+                    outcomes["dropped"].inc()
                 else:
                     faces = result.faces
-                    metrics.frames.labels("ok").inc()
+                    outcomes["ok"].inc()
         tail: dict = {}
         if faces is not None:
             tail.update(width=result.shape[1], height=result.shape[0])
@@ -336,8 +352,11 @@ async def _send_answers(socket: WebSocket, answers: asyncio.Queue, start: float,
             if first is None:
                 first = latency
             else:
-                steady.append(latency)
+                recent.append(latency)
+                bisect.insort(ordered, latency)
+                if len(recent) > STEADY_FRAMES:
+                    del ordered[bisect.bisect_left(ordered, recent.popleft())]
             tail.update(latency_ms=round(latency, 3), first_latency_ms=round(first, 3),
-                        steady_latency_ms=round(statistics.median(steady), 3) if steady else None)
-            metrics.latency.labels("stream").observe(latency / 1e3)
+                        steady_latency_ms=round(_median(ordered), 3) if ordered else None)
+            metrics.stream_latency.observe(latency / 1e3)
         await asyncio.wait_for(socket.send_text(_with_faces(reply, faces, tail)), timeout)

@@ -234,11 +234,12 @@ def _worker(rank: int, device: str, args: argparse.Namespace, config: VideoConfi
     if device.startswith("cuda"):
         import torch
         torch.cuda.set_device(device)  # work placed on "cuda" (graph capture too) goes to this worker's GPU
-        # A forked worker keeps torch's CPU threads at one per core, as its parent had them: every worker's
-        # CPU work (the model's build, its host side) then runs that many threads on the same cores, and their
-        # spinning made each worker's start-up several times longer. The cores are shared out instead (a GPU
-        # worker's numbers do not depend on its CPU threads; CPU workers keep theirs, whose numbers might).
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        # A forked worker keeps its parent's CPU threads (one per core, or what OMP_NUM_THREADS says): every
+        # worker's CPU work (the model's build, its host side) then runs that many threads on the same cores, and
+        # their spinning made each worker's start-up several times longer. They are shared out instead, never
+        # raised (a GPU worker's numbers do not depend on its CPU threads; CPU workers keep theirs, whose numbers
+        # might). Safe only because the parent runs no parallel CPU work before it forks (see _run_workers).
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
 
     def wait_for_all() -> None:
         try:
@@ -270,7 +271,8 @@ def _run_workers(args: argparse.Namespace, config: VideoConfig, out_dir: Path, v
     """One worker per device, forked from this process once the videos are planned, the videos shared by frame
     count; their results gathered here. Forked, a worker starts with torch and the package imported already
     (a spawned one, like torchrun's, imports them again: seconds); this process never initialises CUDA
-    (:func:`torch.cuda.device_count` asks NVML), so each worker initialises its own."""
+    (:func:`torch.cuda.device_count` asks NVML), so each worker initialises its own, and runs no parallel CPU
+    tensor work before forking (a forked child's OpenMP would hang on its first parallel region)."""
     import multiprocessing
     import signal
     from queue import Empty

@@ -12,8 +12,6 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-TERMS = ("ce", "valence_rmse", "valence_pcc", "valence_ccc", "arousal_rmse", "arousal_pcc", "arousal_ccc")
-
 
 def _regression(y: torch.Tensor, p: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """RMSE, PCC and CCC (population statistics, as the evaluation's) of ``p`` against ``y`` over the samples

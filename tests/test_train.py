@@ -294,3 +294,15 @@ def test_the_loader_gives_the_batches_in_order_from_its_reading_processes():
         assert pixels.dtype == torch.uint8 and np.array_equal(pixels.numpy(), data.crops[b])
         assert labels.tolist() == data.labels[b].tolist() and torch.equal(valence, torch.from_numpy(data.valence[b]))
         assert torch.isnan(arousal).all()
+
+
+@pytest.mark.parametrize("n, size, sizes", [(2574, 256, [234] * 11), (257, 256, [129, 128]), (10, 4, [4, 3, 3]),
+                                            (8, 4, [4, 4]), (5, 4, [3, 2]), (0, 4, [])])
+def test_an_epoch_is_cut_into_as_few_batches_as_hold_it_of_near_equal_sizes(n, size, sizes):
+    from emonet.train.data import batches
+
+    got = batches(n, size, torch.Generator().manual_seed(3))
+    assert [len(b) for b in got] == sizes
+    assert sorted(np.concatenate(got).tolist() if got else []) == list(range(n))  # every sample once
+    again = batches(n, size, torch.Generator().manual_seed(3))
+    assert all(np.array_equal(a, b) for a, b in zip(got, again))  # the seed alone decides

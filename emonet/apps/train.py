@@ -48,7 +48,9 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     run = parser.add_argument_group("training")
     run.add_argument("--out", required=True, metavar="DIR", help="where the checkpoint, log and cache go")
     run.add_argument("--epochs", type=int, default=10)
-    run.add_argument("--batch-size", type=int, default=32)
+    run.add_argument("--batch-size", type=int, default=32,
+                     help="crops a step at most (default 32): an epoch is cut into as few batches as hold it, "
+                          "of near-equal sizes; under torchrun, the whole job's batch")
     run.add_argument("--lr", type=float, help="peak learning rate (default: 1e-3 head, 3e-4 emotion, 1e-4 all)")
     run.add_argument("--weight-decay", type=float, default=0.01)
     run.add_argument("--seed", type=int, default=0, help="the split, the order, the augmentation (default 0)")

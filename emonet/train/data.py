@@ -191,11 +191,8 @@ def loader(data: CropSet, order: Iterable[np.ndarray], crops: bool = True, worke
 
 
 def batches(n: int, size: int, generator: Optional[torch.Generator] = None) -> list[np.ndarray]:
-    """Indices ``0..n-1`` in batches of ``size``, shuffled with ``generator`` where given; a last batch of one is
-    folded into the one before (BatchNorm trains on two samples at least)."""
+    """Indices ``0..n-1``, shuffled with ``generator`` where given, in as few batches of at most ``size`` as hold
+    them, their sizes within one of each other: no small last batch, which would cost a whole step's kernel
+    launches for a few crops (and BatchNorm trains on two samples at least)."""
     order = torch.randperm(n, generator=generator).numpy() if generator is not None else np.arange(n)
-    out = [order[i:i + size] for i in range(0, n, size)]
-    if len(out) > 1 and len(out[-1]) < 2:
-        out[-2] = np.concatenate(out[-2:])
-        out.pop()
-    return out
+    return np.array_split(order, -(-n // size)) if n else []

@@ -258,7 +258,10 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
         net = torch.nn.parallel.DistributedDataParallel(
             # The main process's BatchNorm statistics are what is saved, and they come from its own batches
             # either way (DDP would send them to the others before every step): no broadcast.
-            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
+            # The same parameters take part in every step: the reducer keeps its buckets and hook order from the
+            # first one, and the gradients live in the buckets that are all-reduced (no copy in and out).
+            static_graph=True, gradient_as_bucket_view=True)
     lr = config.lr or DEFAULT_LR[config.train]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay)
     steps_per_epoch = len(batches(len(train_set), config.batch_size))

@@ -2,6 +2,7 @@
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -195,6 +196,15 @@ def test_devices_start_a_worker_each_and_give_the_outputs_of_one_process(recordi
     assert result.returncode == 1 and "broken.mp4" in result.stderr and "Traceback" not in result.stderr
     assert "rank 0 (cpu)" in result.stderr and "rank 1 (cpu)" in result.stderr
     assert "all 2 processes: 30 frames" in result.stderr
+    # Each worker's start-up line counts from the job's start (not its fork), its stages named as they ran.
+    lines = [line for line in result.stderr.splitlines() if line.startswith("first results")]
+    assert len(lines) == 2, result.stderr
+    for line in lines:
+        stages = dict((name, float(seconds)) for name, seconds in
+                      re.findall(r"([a-z][a-z ,-]+?) (\d+\.\d+) s", line.split(": ", 1)[1]))
+        assert list(stages)[:3] == ["start-up, imports and the plan", "model, engine and warm-up",
+                                    "waiting for the other processes"], line
+        assert stages["start-up, imports and the plan"] >= 0.3, line  # the parent's torch import is in it
     names = sorted(p.name for p in out.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == names
     for name in names:

@@ -29,7 +29,7 @@ from ..io.images import check_writable_dir
 from ..results import FrameFaces
 from ..runtime import select_device
 from ..summary import PlotProcess, write_summary_csv
-from ..timing import StartupClock
+from ..timing import StartupClock, job_origin
 from ..video import (AnnotatedSink, Drawers, PipelineLoader, RowSink, StopToken, SummarySink, VideoConfig,
                      VideoInput, open_sources, run_videos)
 from ..video.sources import no_frames
@@ -117,11 +117,12 @@ def _say_plan(plan: _Plan, world: int) -> None:
 
 
 def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan: _Plan, rank: int, world: int,
-             barrier) -> _Result:
-    """This process's share of the videos (``plan.shares[rank]``), written into ``out_dir``."""
+             barrier, origin: Optional[float] = None) -> _Result:
+    """This process's share of the videos (``plan.shares[rank]``), written into ``out_dir``; ``origin``: the job's
+    start, for a worker forked from it (its start-up line then counts from there)."""
     err = sys.stderr
     interactive = err.isatty()
-    startup = StartupClock()
+    startup = StartupClock() if origin is None else StartupClock(origin, "start-up, imports and the plan")
     share = plan.shares[rank]
     mine = [plan.todo[i] for i in share]
     counts = [plan.headers[i][0] for i in share]
@@ -150,7 +151,9 @@ def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan:
         # for a start-up it could have overlapped, and their frames/s add up.
         if mine:
             loader(plan.headers[share[0]][1] or (720, 1280, 3))
+            startup.mark("model, engine and warm-up")
         barrier()
+        startup.mark("waiting for the other processes")
 
     def inputs():
         for n, (video, source) in enumerate(zip(mine, sources), 1):
@@ -217,7 +220,7 @@ def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan:
 
 
 def _worker(rank: int, device: str, args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan: _Plan,
-            barrier, results) -> None:
+            barrier, results, origin: Optional[float]) -> None:
     """A forked worker (see :func:`_run_workers`): its share on its device, its :class:`_Result` sent back; then
     it leaves at once (its device's teardown would only hold the job's end)."""
     import signal
@@ -250,7 +253,7 @@ def _worker(rank: int, device: str, args: argparse.Namespace, config: VideoConfi
     code = 0
     try:
         try:
-            result = _process(args, config, out_dir, plan, rank, workers, wait_for_all)
+            result = _process(args, config, out_dir, plan, rank, workers, wait_for_all, origin)
         except KeyboardInterrupt:
             result = _Result({}, (0, None, None), interrupted=True)
         results.put((rank, result))
@@ -281,7 +284,8 @@ def _run_workers(args: argparse.Namespace, config: VideoConfig, out_dir: Path, v
     _say_plan(plan, len(devices))
     ctx = multiprocessing.get_context("fork")
     barrier, queue = ctx.Barrier(len(devices)), ctx.Queue()
-    workers = [ctx.Process(target=_worker, args=(rank, device, args, config, out_dir, plan, barrier, queue),
+    origin = job_origin()
+    workers = [ctx.Process(target=_worker, args=(rank, device, args, config, out_dir, plan, barrier, queue, origin),
                            name=f"emonet-{device}") for rank, device in enumerate(devices)]
     asked = []
 

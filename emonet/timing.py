@@ -132,29 +132,20 @@ def process_age() -> Optional[float]:
         return None
 
 
-def job_origin() -> Optional[float]:
-    """This process's start on :func:`time.perf_counter`'s clock (which forked children share), or None where
-    the start is not known: for a forked process's :class:`StartupClock`."""
-    age = process_age()
-    return None if age is None else time.perf_counter() - age
-
-
 class StartupClock:
     """Where the time from process start to the first result went: ``mark(stage)`` at the end of each stage.
 
     Created once the tool's imports are done; on Linux its origin is the process's start (so the Python
-    start-up and imports are the first stage), elsewhere the moment it was created. A process forked by the job
-    passes the job's origin (:func:`job_origin`, taken before the fork: a child's own start is its fork), and
-    names the first stage, which ends as the clock is made.
+    start-up and imports are the first stage), elsewhere the moment it was created.
     """
 
-    def __init__(self, origin: Optional[float] = None, first: str = "Python start-up and imports") -> None:
-        age = process_age() if origin is None else time.perf_counter() - origin
+    def __init__(self) -> None:
+        age = process_age()
         self.from_process = age is not None
         self._origin = time.perf_counter() - (age or 0.0)
         self.stages: list[tuple[str, float]] = []  # (stage, seconds since the origin at its end)
         if self.from_process:
-            self.stages.append((first, age))
+            self.stages.append(("Python start-up and imports", age))
 
     def mark(self, stage: str) -> None:
         """End ``stage`` now (a stage already marked is not marked again)."""

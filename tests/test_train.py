@@ -16,7 +16,7 @@ from emonet.detection.blazeface import BlazeFaceDetector
 from emonet.engine import Engine, EngineConfig, conditioned_model
 from emonet.engine.check import SAMPLE_PHOTO
 from emonet.pipeline import Pipeline
-from emonet.train import TrainConfig, TrainDataError, augment, train
+from emonet.train import TrainConfig, augment, train
 from emonet.train.objective import objective
 
 PORTRAITS = sorted((Path(__file__).parent / "data" / "portraits").glob("*.jpg")) + [SAMPLE_PHOTO]
@@ -296,13 +296,16 @@ def test_the_loader_gives_the_batches_in_order_from_its_reading_processes():
         assert torch.isnan(arousal).all()
 
 
-@pytest.mark.parametrize("n, size, sizes", [(2574, 256, [234] * 11), (257, 256, [129, 128]), (10, 4, [4, 3, 3]),
-                                            (8, 4, [4, 4]), (5, 4, [3, 2]), (0, 4, [])])
-def test_an_epoch_is_cut_into_as_few_batches_as_hold_it_of_near_equal_sizes(n, size, sizes):
+@pytest.mark.parametrize("n, size, least, sizes", [
+    (2574, 256, 2, [234] * 11), (257, 256, 2, [129, 128]), (10, 4, 2, [4, 3, 3]), (8, 4, 2, [4, 4]), (0, 4, 2, []),
+    (5, 2, 2, [3, 2]), (3, 2, 2, [3]),  # never a batch of one: BatchNorm cannot train on it
+    (9, 4, 4, [5, 4]),  # under torchrun on two processes: two crops each at least
+])
+def test_an_epoch_is_cut_into_as_few_batches_as_hold_it_of_near_equal_sizes(n, size, least, sizes):
     from emonet.train.data import batches
 
-    got = batches(n, size, torch.Generator().manual_seed(3))
+    got = batches(n, size, torch.Generator().manual_seed(3), least=least)
     assert [len(b) for b in got] == sizes
     assert sorted(np.concatenate(got).tolist() if got else []) == list(range(n))  # every sample once
-    again = batches(n, size, torch.Generator().manual_seed(3))
+    again = batches(n, size, torch.Generator().manual_seed(3), least=least)
     assert all(np.array_equal(a, b) for a, b in zip(got, again))  # the seed alone decides

@@ -29,7 +29,7 @@ from ..io.images import check_writable_dir
 from ..results import FrameFaces
 from ..runtime import select_device
 from ..summary import PlotProcess, write_summary_csv
-from ..timing import StartupClock, job_origin
+from ..timing import StartupClock
 from ..video import (AnnotatedSink, Drawers, PipelineLoader, RowSink, StopToken, SummarySink, VideoConfig,
                      VideoInput, open_sources, run_videos)
 from ..video.sources import no_frames
@@ -50,6 +50,9 @@ def _report_together(flows: list[tuple[int, Optional[float], Optional[float]]]) 
 def run_collection(args: argparse.Namespace, config: VideoConfig) -> int:
     """Process every video given into ``--out-dir``; 0 when all are done, 1 when some failed, 2 on bad input,
     130 when interrupted (Ctrl-C or SIGTERM: the videos finished so far are complete)."""
+    # One clock from the process's start to the first results, its stages marked as they end; a forked worker
+    # carries it on (its own start is its fork, which would leave the job's first seconds out).
+    startup = StartupClock()
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"{out_dir}: exists and is not a folder")
@@ -60,25 +63,29 @@ def run_collection(args: argparse.Namespace, config: VideoConfig) -> int:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise InputError("--devices starts its own workers: run it without torchrun (torchrun is for several "
                              "machines)")
-        return _run_workers(args, config, out_dir, videos, devices)
+        return _run_workers(args, config, out_dir, videos, devices, startup)
     if devices:
         args.device = devices[0]
         config = replace(config, model=replace(config.model, device=devices[0]))
     dist = join(args.device)
+    if dist.world > 1:
+        startup.mark("joining the job")
     try:
         if dist.device(args.device) != args.device:
             args.device = dist.device(args.device)
             config = replace(config, model=replace(config.model, device=args.device))
-        return _run(args, config, out_dir, videos, dist)
+        return _run(args, config, out_dir, videos, dist, startup)
     finally:
         dist.close()
 
 
-def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: list[Path], dist: Distributed) -> int:
+def _run(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: list[Path], dist: Distributed,
+         startup: StartupClock) -> int:
     plan = _plan(args, out_dir, videos, dist.world)
+    startup.mark("reading the videos' headers")
     if dist.rank == 0:
         _say_plan(plan, dist.world)
-    result = _process(args, config, out_dir, plan, dist.rank, dist.world, dist.barrier)
+    result = _process(args, config, out_dir, plan, dist.rank, dist.world, dist.barrier, startup)
     results = dist.gather(result)
     return _finish(args, out_dir, videos, results) if dist.rank == 0 else _exit_code(results)
 
@@ -117,12 +124,11 @@ def _say_plan(plan: _Plan, world: int) -> None:
 
 
 def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan: _Plan, rank: int, world: int,
-             barrier, origin: Optional[float] = None) -> _Result:
-    """This process's share of the videos (``plan.shares[rank]``), written into ``out_dir``; ``origin``: the job's
-    start, for a worker forked from it (its start-up line then counts from there)."""
+             barrier, startup: StartupClock) -> _Result:
+    """This process's share of the videos (``plan.shares[rank]``), written into ``out_dir``; ``startup``: the
+    clock from the job's start to this process's first results."""
     err = sys.stderr
     interactive = err.isatty()
-    startup = StartupClock() if origin is None else StartupClock(origin, "start-up, imports and the plan")
     share = plan.shares[rank]
     mine = [plan.todo[i] for i in share]
     counts = [plan.headers[i][0] for i in share]
@@ -220,7 +226,7 @@ def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan:
 
 
 def _worker(rank: int, device: str, args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan: _Plan,
-            barrier, results, origin: Optional[float]) -> None:
+            barrier, results, startup: StartupClock) -> None:
     """A forked worker (see :func:`_run_workers`): its share on its device, its :class:`_Result` sent back; then
     it leaves at once (its device's teardown would only hold the job's end)."""
     import signal
@@ -243,6 +249,7 @@ def _worker(rank: int, device: str, args: argparse.Namespace, config: VideoConfi
         # raised (a GPU worker's numbers do not depend on its CPU threads; CPU workers keep theirs, whose numbers
         # might). Safe only because the parent runs no parallel CPU work before it forks (see _run_workers).
         torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+    startup.mark("starting the worker")  # the fork, and its device's start-up where it has one
 
     def wait_for_all() -> None:
         try:
@@ -253,7 +260,7 @@ def _worker(rank: int, device: str, args: argparse.Namespace, config: VideoConfi
     code = 0
     try:
         try:
-            result = _process(args, config, out_dir, plan, rank, workers, wait_for_all, origin)
+            result = _process(args, config, out_dir, plan, rank, workers, wait_for_all, startup)
         except KeyboardInterrupt:
             result = _Result({}, (0, None, None), interrupted=True)
         results.put((rank, result))
@@ -270,7 +277,7 @@ def _worker(rank: int, device: str, args: argparse.Namespace, config: VideoConfi
 
 
 def _run_workers(args: argparse.Namespace, config: VideoConfig, out_dir: Path, videos: list[Path],
-                 devices: list[str]) -> int:
+                 devices: list[str], startup: StartupClock) -> int:
     """One worker per device, forked from this process once the videos are planned, the videos shared by frame
     count; their results gathered here. Forked, a worker starts with torch and the package imported already
     (a spawned one, like torchrun's, imports them again: seconds); this process never initialises CUDA
@@ -284,8 +291,8 @@ def _run_workers(args: argparse.Namespace, config: VideoConfig, out_dir: Path, v
     _say_plan(plan, len(devices))
     ctx = multiprocessing.get_context("fork")
     barrier, queue = ctx.Barrier(len(devices)), ctx.Queue()
-    origin = job_origin()
-    workers = [ctx.Process(target=_worker, args=(rank, device, args, config, out_dir, plan, barrier, queue, origin),
+    startup.mark("reading the videos' headers")
+    workers = [ctx.Process(target=_worker, args=(rank, device, args, config, out_dir, plan, barrier, queue, startup),
                            name=f"emonet-{device}") for rank, device in enumerate(devices)]
     asked = []
 

@@ -190,9 +190,10 @@ def loader(data: CropSet, order: Iterable[np.ndarray], crops: bool = True, worke
                                        worker_init_fn=_reader_process)
 
 
-def batches(n: int, size: int, generator: Optional[torch.Generator] = None) -> list[np.ndarray]:
+def batches(n: int, size: int, generator: Optional[torch.Generator] = None, least: int = 2) -> list[np.ndarray]:
     """Indices ``0..n-1``, shuffled with ``generator`` where given, in as few batches of at most ``size`` as hold
     them, their sizes within one of each other: no small last batch, which would cost a whole step's kernel
-    launches for a few crops (and BatchNorm trains on two samples at least)."""
+    launches for a few crops. Each batch has ``least`` at least (BatchNorm trains on two samples, in each process
+    under torchrun), which a tiny set may take past ``size``."""
     order = torch.randperm(n, generator=generator).numpy() if generator is not None else np.arange(n)
-    return np.array_split(order, -(-n // size)) if n else []
+    return np.array_split(order, max(1, min(-(-n // size), n // least))) if n else []

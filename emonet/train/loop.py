@@ -260,11 +260,11 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
             # either way (DDP would send them to the others before every step): no broadcast.
             model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
             # The same parameters take part in every step: the reducer keeps its buckets and hook order from the
-            # first one, and the gradients live in the buckets that are all-reduced (no copy in and out).
+            # first one, and the gradients stay in the buckets that are all-reduced (no copy back out of them).
             static_graph=True, gradient_as_bucket_view=True)
     lr = config.lr or DEFAULT_LR[config.train]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay)
-    steps_per_epoch = len(batches(len(train_set), config.batch_size))
+    steps_per_epoch = len(batches(len(train_set), config.batch_size, least=2 * ddp.world))
     total = steps_per_epoch * config.epochs
     warm = max(1, round(config.warmup * total))
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -304,7 +304,8 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
 
     def epoch_batches(epoch: int) -> list[np.ndarray]:
         """The epoch's batches, from the seed and the epoch alone (a resumed run takes the same ones)."""
-        return batches(len(train_set), config.batch_size, torch.Generator().manual_seed(config.seed + epoch))
+        return batches(len(train_set), config.batch_size, torch.Generator().manual_seed(config.seed + epoch),
+                       least=2 * ddp.world)
 
     def my_share(batch: np.ndarray) -> np.ndarray:
         return np.sort(np.array_split(batch, ddp.world)[ddp.rank])
@@ -329,8 +330,8 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
                 if vote(stop["signal"] is not None):
                     stopped = True
                     break
-                # The rate at steady state: the first steps, and the first of each batch shape (an epoch's
-                # last batch is smaller), choose kernels and allocate; they are left out.
+                # The rate at steady state: the first steps, and the first of each batch shape (an epoch's batches
+                # differ by a crop where the set does not divide evenly), choose kernels and allocate; left out.
                 shape = len(my_share(order[step]))
                 if shape not in shapes and clock is not None:
                     seconds, clock = seconds + _now(device) - clock, None

@@ -3,6 +3,7 @@ labels, moves towards the teacher; its checkpoint gives the photo tool the numbe
 bad input is one line; an interrupted run resumes."""
 import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -164,8 +165,14 @@ def test_sigterm_saves_a_state_that_resume_finishes_as_an_uninterrupted_run(labe
     rest = proc.stderr.read()
     assert proc.wait(timeout=120) == 130, seen + rest
     assert "--resume" in rest and (tmp_path / "cut" / "last.state").is_file()
+    # Another command cannot go on with the state: one line, exit 2, the state kept.
+    other = run_train(*["all" if a == "head" else a for a in common], "--epochs", "4", "--out", str(tmp_path / "cut"),
+                      "--resume")
+    assert other.returncode == 2 and "Traceback" not in other.stderr, other.stderr
+    assert "its --train was head and this command gives all" in other.stderr
     resumed = run_train(*common, "--epochs", "4", "--out", str(tmp_path / "cut"), "--resume")
     assert resumed.returncode == 0, resumed.stderr
+    assert re.search(r"resuming .*last\.state: epoch [2-4] of 4, from its step \d+", resumed.stderr), resumed.stderr
     cut, uncut = read_log(tmp_path / "cut" / "log.csv"), read_log(tmp_path / "whole" / "log.csv")
     assert [list(r) for r in cut] == [list(r) for r in uncut]
     np.testing.assert_allclose([list(r.values()) for r in cut], [list(r.values()) for r in uncut], rtol=1e-6)

@@ -40,7 +40,7 @@ def test_given_class_count_that_agrees_is_accepted(ckpt_dir):
 
 
 def test_given_class_count_that_disagrees_is_a_clear_error(ckpt_dir):
-    with pytest.raises(CheckpointError, match="is a 8-class checkpoint, but 5 classes"):
+    with pytest.raises(CheckpointError, match="is an 8-class checkpoint, but 5 classes"):
         emonet.load_model(ckpt_dir / "emonet_8.pth", n_expression=5, device="cpu")
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Optional
 
 from ..cli import ToolParser
@@ -85,8 +86,15 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     # The rate leaves out the first steps and each batch shape's first (kernels chosen, memory allocated).
     rate = f"{result.throughput:.1f} crops/s" if result.throughput else "too few steps to time"
-    print(f"training: {rate}; written: {result.best} (loads with --weights), "
-          f"{result.log}, {result.files['curves']}", file=sys.stderr)
+    from ..train.report import score_of
+    if result.after and score_of(result.after) <= score_of(result.before):
+        print(f"note: no epoch did better on the validation set than the weights it started from (score "
+              f"{score_of(result.before):.3f} before, {score_of(result.after):.3f} at the best epoch; the mean of ACC "
+              f"and the CCCs): best.pth is the best epoch's, and the starting weights may serve you better",
+              file=sys.stderr)
+    print(f"training: {rate}; written in {Path(args.out)}: {result.best.name} (loads with --weights), "
+          f"best.meta.json, best.predictions.csv, {result.log.name}, {result.files['curves'].name}, "
+          f"{result.files['state'].name}", file=sys.stderr)
     if result.interrupted:
         print("stopped: the state is saved; go on with the same command and --resume", file=sys.stderr)
         return 130

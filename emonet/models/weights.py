@@ -119,7 +119,7 @@ def download_weights(weights: Weights, dest_dir: Union[str, Path], progress: boo
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc
         local_copy = local_pretrained_dir() / weights.filename
-        places = f"{dest} (or {local_copy})"
+        places = f"{dest} (or {local_copy.resolve()}, in the folder you run from)"
         raise CheckpointError(
             f"could not download {weights.filename} ({reason}). Without network access, download "
             f"{weights.url} elsewhere and put it at {places}"
@@ -246,8 +246,9 @@ def load_model(weights: Union[str, Path] = "pretrained", n_expression: Optional[
         raise CheckpointError(f"{path} is not an EmoNet checkpoint (no '{_HEAD_KEY}' layer among its "
                               f"{len(state_dict)} tensors)")
     if n_expression is not None and n_expression != found:
-        raise CheckpointError(f"{path} is a {found}-class checkpoint, but {n_expression} classes were "
-                              f"asked for; drop the class count or use emonet_{n_expression}.pth")
+        raise CheckpointError(f"{path} is {'an' if found == 8 else 'a'} {found}-class checkpoint, but {n_expression} "
+                              f"classes were asked for; drop the class count, or give a {n_expression}-class "
+                              f"checkpoint (the released one is emonet_{n_expression}.pth)")
     model = EmoNet(found)
     _match(model, state_dict, path)
     model.weights_source = str(path)

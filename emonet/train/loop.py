@@ -278,10 +278,22 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
     rows: list[dict] = []
     start_epoch, start_step, best_score, best_epoch = 0, 0, -math.inf, 0
     generator = torch.Generator().manual_seed(config.seed + 1000 * ddp.rank)
+    # What a resumed run must share with the one that was stopped (the optimizer, the schedule and the batches
+    # depend on them): checked before anything is loaded, said in one line.
+    run_record = {"--train": config.train, "--epochs": config.epochs, "--batch-size": config.batch_size, "--lr": lr,
+                  "--weight-decay": config.weight_decay, "--seed": config.seed, "augmentation": config.augment,
+                  "--precision": config.precision, "classes": model.n_expression,
+                  "data": dict(source)}
     if config.resume:
         if not state_path.is_file():
             raise TrainDataError(f"nothing to resume: {state_path} not found (start without --resume)")
         state = torch.load(state_path, map_location="cpu", weights_only=True)
+        saved = json.loads(state.get("run", "null"))  # (None in states written before the record was kept)
+        for key, value in (saved or {}).items():
+            if json.loads(json.dumps(run_record.get(key))) != value:
+                raise TrainDataError(
+                    f"--resume goes on with the run that was stopped, but its {key} was {_said(value)} and this "
+                    f"command gives {_said(run_record.get(key))}: give the same options, or a new --out")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
@@ -290,6 +302,8 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
         start_epoch, start_step = state["epoch"], state["step"]
         best_score, best_epoch, rows = state["best_score"], state["best_epoch"], json.loads(state["rows"])
         before = json.loads(state["before"])
+        if ddp.main:
+            say(f"resuming {state_path}: epoch {start_epoch + 1} of {config.epochs}, from its step {start_step + 1}")
     else:
         before, _ = evaluate(model, val_set, device) if ddp.main else ({}, None)
 
@@ -391,11 +405,18 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
             "scaler": scaler.state_dict(), "generator": generator.get_state(), "epoch": epoch,
             "step": start_step if interrupted else 0, "best_score": best_score, "best_epoch": best_epoch,
-            "rows": json.dumps(rows), "before": json.dumps(before)})
+            "rows": json.dumps(rows), "before": json.dumps(before), "run": json.dumps(run_record)})
     after = json.loads((out / "best.meta.json").read_text())["metrics"] if best_path.is_file() and ddp.main else {}
     return TrainResult(best_path, log_path, before, after, best_epoch, len(rows), interrupted,
                        trained / seconds if seconds else 0.0,
                        {"state": state_path, "curves": out / "curves.png", "predictions": out / "best.predictions.csv"})
+
+
+def _said(value) -> str:
+    """A recorded option's value as the command line gives it."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items())
+    return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
 
 
 def _write_best(model, path, pred, val_set, names, config, base, source, metrics, epoch) -> None:

@@ -39,8 +39,9 @@ def predict(model: EmoNet, crops: np.ndarray, device: torch.device, batch: int =
         aro.append(out["arousal"].float().cpu())
     model.train(was)
     p = torch.cat(probs).numpy()
-    return {"probabilities": p, "expression": p.argmax(1), "valence": torch.cat(val).numpy(),
-            "arousal": torch.cat(aro).numpy()}
+    # Clamped to the circumplex's range, as every tool reports them (the metrics clip the same way).
+    return {"probabilities": p, "expression": p.argmax(1), "valence": np.clip(torch.cat(val).numpy(), -1.0, 1.0),
+            "arousal": np.clip(torch.cat(aro).numpy(), -1.0, 1.0)}
 
 
 def evaluate(model: EmoNet, data: CropSet, device: torch.device) -> tuple[dict, dict]:

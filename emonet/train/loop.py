@@ -277,6 +277,7 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
     state_path, best_path, log_path = out / "last.state", out / "best.pth", out / "log.csv"
     rows: list[dict] = []
     start_epoch, start_step, best_score, best_epoch = 0, 0, -math.inf, 0
+    resumed_loss = None  # the stopped epoch's loss summed over its steps before the stop (its log row needs it)
     generator = torch.Generator().manual_seed(config.seed + 1000 * ddp.rank)
     # What a resumed run must share with the one that was stopped (the optimizer, the schedule and the batches
     # depend on them): checked before anything is loaded, said in one line.
@@ -300,6 +301,7 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
         scaler.load_state_dict(state["scaler"])
         generator.set_state(state["generator"])
         start_epoch, start_step = state["epoch"], state["step"]
+        resumed_loss = state.get("epoch_loss")  # (None in states written before it was kept)
         best_score, best_epoch, rows = state["best_score"], state["best_epoch"], json.loads(state["rows"])
         before = json.loads(state["before"])
         if ddp.main:
@@ -335,7 +337,10 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
     try:
         for epoch in range(start_epoch, config.epochs):
             order = epoch_batches(epoch)
-            loss_sum, clock, ran = torch.zeros((), device=device), None, 0
+            # A resumed epoch's loss goes on from the steps it ran before the stop: its row is the uninterrupted one's.
+            carried = epoch == start_epoch and start_step > 0 and resumed_loss is not None
+            loss_sum = torch.full((), resumed_loss if carried else 0.0, device=device)
+            counted, clock, ran = start_step if carried else 0, None, 0
             set_train_mode(model, config.train)
             bar = tqdm(total=len(order), initial=start_step, desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch",
                        disable=not (config.progress and ddp.main), file=sys.stderr)
@@ -374,7 +379,7 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
                 bar.update(1)
             if clock is not None:
                 seconds += _now(device) - clock
-            epoch_loss = float(loss_sum) / ran if ran else float("nan")
+            epoch_loss = float(loss_sum) / (counted + ran) if counted + ran else float("nan")
             bar.set_postfix(loss=f"{epoch_loss:.3f}")
             bar.close()
             if stopped:  # (asked during an epoch's last step: the epoch is finished, and the next one stops at once)
@@ -405,7 +410,8 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
             "scaler": scaler.state_dict(), "generator": generator.get_state(), "epoch": epoch,
             "step": start_step if interrupted else 0, "best_score": best_score, "best_epoch": best_epoch,
-            "rows": json.dumps(rows), "before": json.dumps(before), "run": json.dumps(run_record)})
+            "rows": json.dumps(rows), "before": json.dumps(before), "run": json.dumps(run_record),
+            "epoch_loss": float(loss_sum) if interrupted and start_step else None})
     after = json.loads((out / "best.meta.json").read_text())["metrics"] if best_path.is_file() and ddp.main else {}
     return TrainResult(best_path, log_path, before, after, best_epoch, len(rows), interrupted,
                        trained / seconds if seconds else 0.0,

@@ -316,3 +316,12 @@ def test_an_epoch_is_cut_into_as_few_batches_as_hold_it_of_near_equal_sizes(n, s
     assert sorted(np.concatenate(got).tolist() if got else []) == list(range(n))  # every sample once
     again = batches(n, size, torch.Generator().manual_seed(3), least=least)
     assert all(np.array_equal(a, b) for a, b in zip(got, again))  # the seed alone decides
+
+
+def test_a_damaged_state_is_refused_in_one_line(labelled, tmp_path):
+    labels, student = labelled
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "last.state").write_bytes(b"not a state")
+    done = run_train("--csv", str(labels), "--weights", str(student), "--out", str(tmp_path / "run"), "--resume")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "last.state: cannot be read as a saved state" in done.stderr

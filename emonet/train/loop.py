@@ -288,7 +288,13 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
     if config.resume:
         if not state_path.is_file():
             raise TrainDataError(f"nothing to resume: {state_path} not found (start without --resume)")
-        state = torch.load(state_path, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(state_path, map_location="cpu", weights_only=True)
+        except Exception:  # noqa: BLE001 - a truncated or foreign file: said in one line
+            raise TrainDataError(f"{state_path}: cannot be read as a saved state (damaged, or another kind of "
+                                 f"file); start without --resume") from None
+        if not isinstance(state, dict) or not {"model", "optimizer", "epoch", "step"} <= set(state):
+            raise TrainDataError(f"{state_path}: not a state this trainer wrote; start without --resume")
         saved = json.loads(state.get("run", "null"))  # (None in states written before the record was kept)
         for key, value in (saved or {}).items():
             if json.loads(json.dumps(run_record.get(key))) != value:

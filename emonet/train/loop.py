@@ -428,7 +428,7 @@ def _said(value) -> str:
     """A recorded option's value as the command line gives it."""
     if isinstance(value, dict):
         return ", ".join(f"{k} {v}" for k, v in value.items())
-    return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def _write_best(model, path, pred, val_set, names, config, base, source, metrics, epoch) -> None:

@@ -158,19 +158,34 @@ def test_a_clip_sent_as_png_frames_gives_the_video_tools_rows(server, png_clip, 
     # A stream is a session of the video runtime: frames sent one at a time (each once the last is answered, as a
     # paced camera's are) give the rows emonet-video gives for the clip in chunks of one frame.
     path, frames = png_clip
-    with connect(ws_url(server), max_size=None) as ws:
+    assert_video_rows(stream_replies(server, frames), video_rows(path, tmp_path), len(frames))
+
+
+def stream_replies(url: str, frames: list[bytes]) -> list[dict]:
+    """One stream's answers to ``frames``, each sent once the one before is answered (as a paced camera's are)."""
+    with connect(ws_url(url), max_size=None) as ws:
         replies = []
         for frame in frames:
             ws.send(frame)
             replies.append(strict(ws.recv(timeout=120)))  # tracked frames' faces have no score: null, not NaN
+    return replies
+
+
+def video_rows(path: Path, tmp_path: Path) -> list[dict]:
+    """emonet-video's rows of the clip at ``path`` (CPU, random weights, chunks of one frame), faces only."""
     out = tmp_path / "rows.csv"
     subprocess.run([sys.executable, "-m", "emonet.apps.video", "--video", str(path), "--weights", "random",
                     "--device", "cpu", "--batch-size", "1", "--csv", str(out), "--no-video"], cwd=ROOT, check=True,
                    capture_output=True, timeout=600)
     import csv
-    rows = [r for r in csv.DictReader(out.open()) if r["face_id"] != ""]
+    return [r for r in csv.DictReader(out.open()) if r["face_id"] != ""]
+
+
+def assert_video_rows(replies: list[dict], rows: list[dict], n_frames: int) -> None:
+    """A stream's answers are the video tool's rows: the same faces, ids and detections, boxes within 0.5 px,
+    values within 1e-4."""
     faces = [(r["frame"], face) for r in replies for face in r["faces"]]
-    assert len(faces) == len(rows) >= len(frames) - 2
+    assert len(faces) == len(rows) >= n_frames - 2
     assert any(r["detected"] == "0" for r in rows) and any(r["detected"] == "1" for r in rows)
     for (frame, face), row in zip(faces, rows):
         assert (frame, face["face_id"], int(face["detected"])) == (int(row["frame"]), int(row["face_id"]),

@@ -43,6 +43,10 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                         help="WebSocket streams open at once; the next is refused with a message (default: 64)")
     limits.add_argument("--max-image-mb", type=float, default=20.0, metavar="MB",
                         help="largest encoded image or frame taken (default: 20)")
+    limits.add_argument("--loops", type=int, default=None, metavar="N",
+                        help="GPU loops (processes) sharing the streams and requests, each session in one: at a few "
+                             "dozen streams one loop's interpreter, not the GPU, sets the pace (default: 2 on a GPU, "
+                             "where two held the most streams on an H200, and 1 on a CPU)")
     limits.add_argument("--max-batch", type=int, default=64, metavar="N",
                         help="frames per GPU step, every stream's together (default: 64)")
     limits.add_argument("--detect-every", type=int, default=5, metavar="N",
@@ -58,7 +62,9 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be between 0 and 65535, not {args.port}")
-    for name in ("max_streams", "max_batch", "detect_every"):
+    for name in ("max_streams", "max_batch", "detect_every", "loops"):
+        if getattr(args, name) is None:
+            continue
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
     if args.max_image_mb <= 0:
@@ -74,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from ..serve.app import ServeConfig, create_app, live_config
-        from ..serve.loop_process import LoopProcess
+        from ..serve.pool import LoopPool
     except ImportError as exc:
         raise InputError(f"emonet-serve needs its extra: pip install \"emonet[serve]\" ({exc.name} is missing)") from None
     with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as probe:
@@ -88,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
                          max_batch=args.max_batch, detect_every=args.detect_every, smooth=args.smooth,
                          max_age=args.max_age_ms / 1000 if args.max_age_ms > 0 else None)
     # The model loads (and warms) in the loop's own process; a checkpoint it cannot load is one line here.
-    loop = LoopProcess(model_options(args), live_config(config), gpu_decode=config.gpu_decode)
+    options = model_options(args)
+    loop = LoopPool(options, live_config(config), gpu_decode=config.gpu_decode,
+                    loops=args.loops if args.loops is not None else default_loops(options))
     app = create_app(loop, config)
     print(f"emonet-serve: http://{args.host}:{args.port}/ (the page), /v1/analyze, /v1/stream, /health, /metrics; "
           f"Ctrl-C stops it", file=sys.stderr, flush=True)
@@ -107,6 +115,16 @@ def run(args: argparse.Namespace) -> int:
                 ws_max_size=config.max_image_bytes + (64 << 10), ws_max_queue=2)
     print("emonet-serve: stopped", file=sys.stderr)
     return 0
+
+
+def default_loops(options) -> int:
+    """``--loops`` left out: 2 on a GPU, 1 on a CPU (where a step is the networks' arithmetic, not the host's
+    bookkeeping, and a second loop would only share the same cores)."""
+    from ..runtime import DeviceError, select_device
+    try:
+        return 2 if select_device(options.device, quiet=True).type == "cuda" else 1
+    except DeviceError:  # the loop says why, in its one line
+        return 1
 
 
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:

@@ -9,10 +9,11 @@
 - ``GET /metrics``: Prometheus text (requests, streams, frames by outcome, step sizes, latencies);
 - ``GET /``: the browser page (webcam -> stream -> drawn results).
 
-Every stream, and every analyze request, is a session of one :class:`~emonet.video.live.LiveLoop`: the video
+Every stream, and every analyze request, is a session of a :class:`~emonet.video.live.LiveLoop`: the video
 runtime's scheduler, stepping every session that has frames on one GPU loop, which runs in a process of its own
 (:class:`~emonet.serve.loop_process.LoopProcess`) so that this server's event loop never waits for its
-interpreter. Nothing is kept between requests, and a stream's state lives with its connection, so replicas scale
+interpreter; on a GPU two such loops share the sessions (:class:`~emonet.serve.pool.LoopPool`), each session
+wholly in one. Nothing is kept between requests, and a stream's state lives with its connection, so replicas scale
 behind any load balancer.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 from dataclasses import dataclass
 from importlib import resources
-from typing import Optional
+from typing import Optional, Union
 
 import cv2
 import numpy as np
@@ -38,6 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from ..video.live import FrameError, LiveConfig
 from .loop_process import Answer, LoopProcess, to_json
+from .pool import LoopPool
 
 # Frames of one stream read but not yet answered, at most: past them its socket is not read (the client's
 # sends then wait), so a client that never reads its answers cannot make the server hold more.
@@ -137,9 +139,9 @@ class Metrics:
         self.batch_seconds.observe(seconds)
 
 
-def create_app(loop: LoopProcess, config: ServeConfig = ServeConfig()) -> FastAPI:
-    """The service over a started ``loop`` (made with :func:`live_config`; the app owns it from now and closes it
-    when it stops)."""
+def create_app(loop: Union[LoopProcess, LoopPool], config: ServeConfig = ServeConfig()) -> FastAPI:
+    """The service over a started ``loop`` or pool of loops (made with :func:`live_config`; the app owns it from
+    now and closes it when it stops)."""
     untrained = loop.about["untrained"]
     metrics = Metrics()
     loop.on_step = metrics.step

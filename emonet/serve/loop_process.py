@@ -14,6 +14,7 @@ which also reads every frame off its socket, only puts the pieces of a reply tog
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import sys
@@ -28,6 +29,7 @@ import numpy as np
 from ..build import ModelOptions
 from ..errors import HelperError, InputError
 from ..io.helper import HelperClient, start_helper
+from ..log import LOGGER
 from ..results import face_record
 from ..video.live import DROPPED, FrameError, LiveConfig, LiveResult, StepHook
 
@@ -67,9 +69,10 @@ class LoopProcess:
     and warmed there before the constructor returns."""
 
     def __init__(self, options: ModelOptions, live: LiveConfig = LiveConfig(), gpu_decode: bool = True,
-                 on_step: Optional[StepHook] = None) -> None:
+                 on_step: Optional[StepHook] = None, quiet: bool = False) -> None:
         """``gpu_decode``: JPEG frames decoded on the GPU there where it can; ``on_step(frames, faces, seconds)``: each
-        step's figures, called in this process's listener thread. Raises :class:`~emonet.errors.InputError` with
+        step's figures, called in this process's listener thread; ``quiet``: its loading says nothing short of an
+        error (a pool's loops after the first, whose lines would repeat the first one's). Raises :class:`~emonet.errors.InputError` with
         the loader's one line where the model cannot be loaded (a missing checkpoint, say), and
         :class:`~emonet.errors.HelperError` where the process died starting."""
         self.on_step = on_step
@@ -79,7 +82,8 @@ class LoopProcess:
         self._in_flight: dict[int, int] = {}  # session -> its requests in _futures
         self._lock = threading.Lock()
         self._ids = count()
-        spec = json.dumps({"options": asdict(options), "live": asdict(live), "gpu_decode": gpu_decode})
+        spec = json.dumps({"options": asdict(options), "live": asdict(live), "gpu_decode": gpu_decode,
+                           "quiet": quiet})
         self._helper = HelperClient(
             "GPU loop", start_helper("emonet.serve.loop_process:main", spec),
             {"ready": self._ready, "refused": self._refuse, "answer": self._answer, "failed": self._failed,
@@ -226,6 +230,8 @@ def main(spec: str) -> int:
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     config = json.loads(spec)
+    if config.get("quiet"):
+        logging.getLogger(LOGGER).setLevel(logging.ERROR)
     try:
         pipeline = build_pipeline(ModelOptions(**config["options"]))
         pipeline.warmup()

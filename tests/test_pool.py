@@ -1,0 +1,124 @@
+"""Several GPU loops behind one service (emonet.serve.pool), for real on the CPU: sessions spread over the loops,
+each loop the same runtime giving the same numbers, a loop that cannot start or that dies said in one line."""
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import cv2
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+from emonet.build import ModelOptions  # noqa: E402
+from emonet.serve.pool import LoopPool  # noqa: E402
+
+from .conftest import free_port  # noqa: E402
+from .test_serve import PHOTO, ROOT, assert_video_rows, children, png_clip, start_server, stream_replies, \
+    video_rows  # noqa: E402,F401 - png_clip is a fixture
+
+pytestmark = pytest.mark.slow  # loops in processes of their own
+
+
+def test_a_session_opens_in_the_loop_with_fewest_and_either_loop_gives_the_same_answer():
+    pool = LoopPool(ModelOptions(weights="random", device="cpu"), loops=2)
+    try:
+        assert pool.about["loops"] == 2 and pool.alive and pool.failure is None
+        assert len({loop._helper.proc.pid for loop in pool.loops}) == 2  # two processes
+        first, second, request = pool.open(), pool.open(), pool.open(one_shot=True)
+        assert pool.sessions == [2, 1]  # the first and the request in loop 0, the second in loop 1
+        image = cv2.cvtColor(cv2.imread(str(PHOTO)), cv2.COLOR_BGR2RGB)
+        answers = [pool.submit(s, image, 0, 0.0).result(timeout=300) for s in (first, second, request)]
+        faces = json.loads(answers[0].faces)
+        assert len(faces) == 1 and faces[0]["detected"]
+        assert answers[1].faces == answers[0].faces == answers[2].faces  # the same bits, whichever loop
+        pool.close_session(request)
+        pool.close_session(first)
+        assert pool.sessions == [0, 1]
+        third = pool.open()
+        assert pool.sessions == [1, 1]
+        assert json.loads(pool.submit(third, image, 0, 0.0).result(timeout=300).faces) == faces
+    finally:
+        pool.close()
+    assert not pool.alive
+
+
+def test_after_a_loop_dies_new_sessions_open_in_the_loops_still_running():
+    pool = LoopPool(ModelOptions(weights="random", device="cpu", detector="yunet"), loops=2)
+    try:
+        pool.loops[0]._helper.proc.kill()  # the loop a new session would open in first
+        deadline = time.monotonic() + 30
+        while pool.loops[0].alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pool.alive and "killed by SIGKILL" in pool.failure
+        session = pool.open()
+        assert pool.sessions == [0, 1]
+        image = cv2.cvtColor(cv2.imread(str(PHOTO)), cv2.COLOR_BGR2RGB)
+        assert len(json.loads(pool.submit(session, image, 0, 0.0).result(timeout=300).faces)) == 1
+    finally:
+        pool.close()
+
+
+def test_two_streams_at_once_on_two_loops_each_give_the_video_tools_rows(png_clip, tmp_path):
+    path, frames = png_clip
+    proc, url = start_server("--loops", "2")
+    try:
+        assert httpx.get(f"{url}/health").json()["loops"] == 2 and len(children(proc.pid)) == 2
+        replies: dict = {}
+        threads = [threading.Thread(target=lambda k=k: replies.__setitem__(k, stream_replies(url, frames)))
+                   for k in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=600)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert "Traceback" not in proc.stderr.read()
+    rows = video_rows(path, tmp_path)
+    for k in range(2):
+        assert_video_rows(replies[k], rows, len(frames))
+
+
+def test_a_loop_that_dies_is_said_by_health_and_the_others_stop_with_the_server():
+    proc, url = start_server("--loops", "2")
+    try:
+        loops = children(proc.pid)
+        assert len(loops) == 2
+        subprocess.run(["kill", "-KILL", str(loops[1])], check=True)
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/health").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        health = httpx.get(f"{url}/health")
+        assert health.status_code == 503 and "killed by SIGKILL" in health.json()["why"]
+        # The loop that lives goes on answering: a new stream opens there, not in the one that died.
+        reply = stream_replies(url, [PHOTO.read_bytes()])[0]
+        assert reply["frame"] == 0 and len(reply["faces"]) == 1 and "error" not in reply
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr.read()
+    deadline = time.monotonic() + 30  # the loop that lived ends with the server (an orphan goes to init)
+    while running(loops[0]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(loops[0])
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` is there and not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_loops_that_cannot_load_the_checkpoint_are_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "emonet.apps.serve", "--weights", str(tmp_path / "missing.pth"),
+                          "--device", "cpu", "--loops", "2", "--port", str(free_port())], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"error: checkpoint not found: {tmp_path / 'missing.pth'}") and len(lines) == 1

@@ -4,7 +4,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -15,10 +14,11 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 from emonet.build import ModelOptions  # noqa: E402
 from emonet.serve.pool import LoopPool  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
 
 from .conftest import free_port  # noqa: E402
-from .test_serve import PHOTO, ROOT, assert_video_rows, children, png_clip, start_server, stream_replies, \
-    video_rows  # noqa: E402,F401 - png_clip is a fixture
+from .test_serve import PHOTO, ROOT, assert_video_rows, children, png_clip, start_server, strict, \
+    stream_replies, video_rows, ws_url  # noqa: E402,F401 - png_clip is a fixture
 
 pytestmark = pytest.mark.slow  # loops in processes of their own
 
@@ -51,7 +51,7 @@ def test_after_a_loop_dies_new_sessions_open_in_the_loops_still_running():
     try:
         pool.loops[0]._helper.proc.kill()  # the loop a new session would open in first
         deadline = time.monotonic() + 30
-        while pool.loops[0].alive and time.monotonic() < deadline:
+        while pool.failure is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not pool.alive and "killed by SIGKILL" in pool.failure
         session = pool.open()
@@ -67,13 +67,14 @@ def test_two_streams_at_once_on_two_loops_each_give_the_video_tools_rows(png_cli
     proc, url = start_server("--loops", "2")
     try:
         assert httpx.get(f"{url}/health").json()["loops"] == 2 and len(children(proc.pid)) == 2
-        replies: dict = {}
-        threads = [threading.Thread(target=lambda k=k: replies.__setitem__(k, stream_replies(url, frames)))
-                   for k in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=600)
+        with connect(ws_url(url), max_size=None) as one, connect(ws_url(url), max_size=None) as two:
+            replies: list = [[], []]
+            for frame in frames:  # both streams open, a frame each in turn
+                for k, ws in enumerate((one, two)):
+                    ws.send(frame)
+                for k, ws in enumerate((one, two)):
+                    replies[k].append(strict(ws.recv(timeout=120)))
+            assert httpx.get(f"{url}/health").json()["sessions_per_loop"] == [1, 1]  # one in each loop
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -81,6 +82,26 @@ def test_two_streams_at_once_on_two_loops_each_give_the_video_tools_rows(png_cli
     rows = video_rows(path, tmp_path)
     for k in range(2):
         assert_video_rows(replies[k], rows, len(frames))
+
+
+def test_ctrl_c_while_the_loops_load_leaves_none_behind():
+    proc = subprocess.Popen([sys.executable, "-m", "emonet.apps.serve", "--weights", "random", "--device", "cpu",
+                             "--loops", "2", "--port", str(free_port())], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(children(proc.pid)) < 2 and time.monotonic() < deadline:  # both loops started, loading
+        time.sleep(0.02)
+    loops = children(proc.pid)
+    assert len(loops) == 2
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    err = proc.stderr.read()
+    assert "Traceback" not in err, err[-2000:]
+    # Stopped while loading ("interrupted", 130) or, where the loops were quicker, as a running server stops.
+    assert (proc.returncode, err.strip().splitlines()[-1]) in ((130, "interrupted"), (0, "emonet-serve: stopped"))
+    deadline = time.monotonic() + 30
+    while any(map(running, loops)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(running, loops))
 
 
 def test_a_loop_that_dies_is_said_by_health_and_the_others_stop_with_the_server():

@@ -6,11 +6,14 @@ import signal
 import socket
 import sys
 import warnings
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..cli import ToolParser
 from ..errors import InputError
 from .common import add_model_arguments, model_options, run_tool
+
+if TYPE_CHECKING:
+    from ..build import ModelOptions
 
 EXAMPLES = """examples:
   %(prog)s --weights random                      # http://127.0.0.1:8000/ : the webcam page
@@ -45,8 +48,9 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                         help="largest encoded image or frame taken (default: 20)")
     limits.add_argument("--loops", type=int, default=None, metavar="N",
                         help="GPU loops (processes) sharing the streams and requests, each session in one: at a few "
-                             "dozen streams one loop's interpreter, not the GPU, sets the pace (default: 2 on a GPU, "
-                             "where two held the most streams on an H200, and 1 on a CPU)")
+                             "dozen streams one loop's interpreter, not the GPU, sets the pace; each holds its own "
+                             "copy of the model on the GPU (default: 2 on a GPU of 16 GB or more, else 1; "
+                             "docs/PERFORMANCE.md has the figures)")
     limits.add_argument("--max-batch", type=int, default=64, metavar="N",
                         help="frames per GPU step, every stream's together (default: 64)")
     limits.add_argument("--detect-every", type=int, default=5, metavar="N",
@@ -117,14 +121,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def default_loops(options) -> int:
-    """``--loops`` left out: 2 on a GPU, 1 on a CPU (where a step is the networks' arithmetic, not the host's
-    bookkeeping, and a second loop would only share the same cores)."""
+def default_loops(options: ModelOptions) -> int:
+    """``--loops`` left out: 2 on a GPU of 16 GB or more (each loop holds a few GB: its model and CUDA graphs),
+    else 1 (on a CPU a step is the networks' arithmetic, not the host's bookkeeping, and a second loop would only
+    share the same cores)."""
+    import torch
+
     from ..runtime import DeviceError, select_device
     try:
-        return 2 if select_device(options.device, quiet=True).type == "cuda" else 1
+        device = select_device(options.device, quiet=True)
     except DeviceError:  # the loop says why, in its one line
         return 1
+    if device.type != "cuda":
+        return 1
+    return 2 if torch.cuda.get_device_properties(device).total_memory >= 16 << 30 else 1
 
 
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:

@@ -27,7 +27,7 @@ from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 from dataclasses import dataclass
 from importlib import resources
-from typing import Optional, Union
+from typing import Optional
 
 import cv2
 import numpy as np
@@ -38,7 +38,7 @@ from PIL import Image
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..video.live import FrameError, LiveConfig
-from .loop_process import Answer, LoopProcess, to_json
+from .loop_process import Answer, to_json
 from .pool import LoopPool
 
 # Frames of one stream read but not yet answered, at most: past them its socket is not read (the client's
@@ -139,9 +139,9 @@ class Metrics:
         self.batch_seconds.observe(seconds)
 
 
-def create_app(loop: Union[LoopProcess, LoopPool], config: ServeConfig = ServeConfig()) -> FastAPI:
-    """The service over a started ``loop`` or pool of loops (made with :func:`live_config`; the app owns it from
-    now and closes it when it stops)."""
+def create_app(loop: LoopPool, config: ServeConfig = ServeConfig()) -> FastAPI:
+    """The service over a started pool of GPU loops (made with :func:`live_config`; the app owns it from now and
+    closes it when it stops)."""
     untrained = loop.about["untrained"]
     metrics = Metrics()
     loop.on_step = metrics.step
@@ -194,7 +194,7 @@ def create_app(loop: Union[LoopProcess, LoopPool], config: ServeConfig = ServeCo
         if not loop.alive:  # a load balancer sends no more work here
             return JSONResponse({"status": "stopped", "why": loop.failure or "the live loop has stopped"}, 503)
         return JSONResponse({"status": "ready", **about, "streams": state["streams"],
-                             "max_streams": config.max_streams})
+                             "max_streams": config.max_streams, "sessions_per_loop": loop.sessions})
 
     @app.post("/v1/analyze")
     async def analyze(image: UploadFile = File(...)) -> JSONResponse:

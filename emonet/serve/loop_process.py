@@ -69,12 +69,12 @@ class LoopProcess:
     and warmed there before the constructor returns."""
 
     def __init__(self, options: ModelOptions, live: LiveConfig = LiveConfig(), gpu_decode: bool = True,
-                 on_step: Optional[StepHook] = None, quiet: bool = False) -> None:
+                 on_step: Optional[StepHook] = None, quiet: bool = False, wait: bool = True) -> None:
         """``gpu_decode``: JPEG frames decoded on the GPU there where it can; ``on_step(frames, faces, seconds)``: each
         step's figures, called in this process's listener thread; ``quiet``: its loading says nothing short of an
-        error (a pool's loops after the first, whose lines would repeat the first one's). Raises :class:`~emonet.errors.InputError` with
-        the loader's one line where the model cannot be loaded (a missing checkpoint, say), and
-        :class:`~emonet.errors.HelperError` where the process died starting."""
+        error (a pool's loops after the first, whose lines would repeat the first one's); ``wait``: until it is
+        ready (else :meth:`wait_ready`, so that several start side by side). Raises what :meth:`wait_ready`
+        raises."""
         self.on_step = on_step
         self.about: Optional[dict] = None  # what it runs (provenance, detector, JPEG decoder)
         self._refused: Optional[str] = None
@@ -90,8 +90,20 @@ class LoopProcess:
              "cancelled": self._cancelled, "step": self._step},
             thread="emonet-loop", on_end=self._ended)
         self._helper.start()
-        with self._helper.state:
-            self._helper.state.wait_for(lambda: self.about is not None or self._refused or self._helper.ended)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Until the model is loaded and warmed there. Raises :class:`~emonet.errors.InputError` with the loader's
+        one line where the model cannot be loaded (a missing checkpoint, say), and
+        :class:`~emonet.errors.HelperError` where the process died starting; the process is ended if anything
+        (Ctrl-C too) stops the wait."""
+        try:
+            with self._helper.state:
+                self._helper.state.wait_for(lambda: self.about is not None or self._refused or self._helper.ended)
+        except BaseException:
+            self._helper.close(kill=True)
+            raise
         if self.about is None:
             why = self._refused
             self._helper.close(kill=True)
@@ -148,6 +160,12 @@ class LoopProcess:
     def close(self) -> None:
         """Answer every frame submitted, then stop the loop and its process."""
         self._helper.close()
+        self._fail_all(RuntimeError("the live loop has stopped"))
+
+    def close_now(self) -> None:
+        """End the process at once, whatever it was doing (it is starting, say); frames in hand are failed."""
+        if not self._helper.closing:
+            self._helper.close(kill=True)
         self._fail_all(RuntimeError("the live loop has stopped"))
 
     # -- the listener thread ------------------------------------------------------------------------------
@@ -217,6 +235,8 @@ class LoopProcess:
 def main(spec: str) -> int:
     """The helper process: load the model, run the live loop, take sessions and frames from standard input and
     write their answers to standard output until its input ends."""
+    import torch
+
     from ..build import build_pipeline
     from ..detection import DetectorError
     from ..io.ipc import frame, messages, send
@@ -237,6 +257,10 @@ def main(spec: str) -> int:
         pipeline.warmup()
     except (InputError, CheckpointError, DetectorError, DeviceError) as exc:  # the user's to mend: one line
         send(out, ("refused", str(exc)))
+        return 2
+    except torch.cuda.OutOfMemoryError:
+        send(out, ("refused", "the GPU has too little memory free for the model and its CUDA graphs; free some, "
+                              "or run fewer GPU loops (--loops 1)"))
         return 2
     engine = pipeline.engine
     jpeg = gpu_decoder(engine.device) if config["gpu_decode"] else None

@@ -12,13 +12,18 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 from itertools import count
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 import numpy as np
 
 from ..build import ModelOptions
+from ..errors import InputError
 from ..video.live import LiveConfig, StepHook
 from .loop_process import LoopProcess
+
+
+# What a loop reports that decides a face's numbers, or what it takes: the same in every loop of a pool.
+BUILD = ("engine", "precision", "device", "weights", "detector", "jpeg_decoder")
 
 
 class LoopPool:
@@ -26,33 +31,27 @@ class LoopPool:
     each before the constructor returns. The same calls as :class:`LoopProcess`."""
 
     def __init__(self, options: ModelOptions, live: LiveConfig = LiveConfig(), gpu_decode: bool = True,
-                 on_step: Optional[StepHook] = None, loops: int = 1,
-                 start: Callable[..., LoopProcess] = LoopProcess) -> None:
-        """Raises what :class:`LoopProcess` raises where any loop cannot start (the others are closed first)."""
+                 on_step: Optional[StepHook] = None, loops: int = 1) -> None:
+        """Raises what :meth:`LoopProcess.wait_ready` raises where any loop cannot start, and
+        :class:`~emonet.errors.InputError` where the loops built different engines; every loop is ended first."""
         if loops < 1:
             raise ValueError(f"a pool needs at least one loop, not {loops}")
-        started: list = [None] * loops
-
-        def start_one(k: int) -> None:
-            try:
-                started[k] = start(options, live, gpu_decode=gpu_decode, on_step=on_step, quiet=k > 0)
-            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
-                started[k] = exc
-
-        threads = [threading.Thread(target=start_one, args=(k,), name=f"emonet-loop-start-{k}", daemon=True)
-                   for k in range(1, loops)]
-        for thread in threads:
-            thread.start()
-        start_one(0)
-        for thread in threads:
-            thread.join()
-        failed = next((item for item in started if isinstance(item, BaseException)), None)
-        if failed is not None:
-            for item in started:
-                if isinstance(item, LoopProcess):
-                    item.close()
-            raise failed
-        self.loops: list[LoopProcess] = started
+        self.loops: list[LoopProcess] = []
+        try:
+            for k in range(loops):  # every process started, then each waited for: they load side by side
+                self.loops.append(LoopProcess(options, live, gpu_decode=gpu_decode, on_step=on_step, quiet=k > 0,
+                                              wait=False))
+            for loop in self.loops:
+                loop.wait_ready()
+            differ = [f"{key} {self.loops[0].about.get(key)} and {loop.about.get(key)}" for loop in self.loops[1:]
+                      for key in BUILD if loop.about.get(key) != self.loops[0].about.get(key)]
+            if differ:
+                raise InputError(f"the GPU loops started differently ({differ[0]}), so a face would get other "
+                                 f"numbers in each: run one loop (--loops 1)")
+        except BaseException:  # a loop that cannot start, or Ctrl-C: none is left running
+            for loop in self.loops:
+                loop.close_now()
+            raise
         self.about: dict = {**self.loops[0].about, "loops": loops}
         self._sessions: dict[int, tuple[int, int]] = {}  # session -> (its loop, the loop's own number for it)
         self._open = [0] * loops  # sessions open in each loop
@@ -119,3 +118,4 @@ class LoopPool:
         self.loops[0].close()
         for thread in threads:
             thread.join()
+

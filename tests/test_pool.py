@@ -84,7 +84,8 @@ def test_two_streams_at_once_on_two_loops_each_give_the_video_tools_rows(png_cli
         assert_video_rows(replies[k], rows, len(frames))
 
 
-def test_ctrl_c_while_the_loops_load_leaves_none_behind():
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_while_the_loops_load_leaves_none_behind(sig):
     proc = subprocess.Popen([sys.executable, "-m", "emonet.apps.serve", "--weights", "random", "--device", "cpu",
                              "--loops", "2", "--port", str(free_port())], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -92,9 +93,9 @@ def test_ctrl_c_while_the_loops_load_leaves_none_behind():
         time.sleep(0.02)
     loops = children(proc.pid)
     assert len(loops) == 2
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     proc.wait(timeout=60)
-    err = proc.stderr.read()
+    err = proc.stderr.read()  # the loops' output too: read to its end, once they have ended
     assert "Traceback" not in err, err[-2000:]
     # Stopped while loading ("interrupted", 130) or, where the loops were quicker, as a running server stops.
     assert (proc.returncode, err.strip().splitlines()[-1]) in ((130, "interrupted"), (0, "emonet-serve: stopped"))
@@ -115,13 +116,16 @@ def test_a_loop_that_dies_is_said_by_health_and_the_others_stop_with_the_server(
             time.sleep(0.1)
         health = httpx.get(f"{url}/health")
         assert health.status_code == 503 and "killed by SIGKILL" in health.json()["why"]
+        assert health.json()["status"] == "degraded" and health.json()["loops_running"] == 1
         # The loop that lives goes on answering: a new stream opens there, not in the one that died.
         reply = stream_replies(url, [PHOTO.read_bytes()])[0]
         assert reply["frame"] == 0 and len(reply["faces"]) == 1 and "error" not in reply
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr.read()
+    err = proc.stderr.read()
+    assert proc.returncode == 0 and "Traceback" not in err
+    assert "warning: the GPU loop process ended unexpectedly (killed by SIGKILL" in err  # said when it happened
     deadline = time.monotonic() + 30  # the loop that lived ends with the server (an orphan goes to init)
     while running(loops[0]) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -143,3 +147,9 @@ def test_loops_that_cannot_load_the_checkpoint_are_one_line(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
     assert lines[-1].startswith(f"error: checkpoint not found: {tmp_path / 'missing.pth'}") and len(lines) == 1
+
+
+def test_more_loops_than_it_takes_is_one_line():
+    out = subprocess.run([sys.executable, "-m", "emonet.apps.serve", "--loops", "17"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("serve.py: error: --loops takes at most 16")

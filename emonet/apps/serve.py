@@ -31,12 +31,16 @@ endpoints:
 """
 
 
+MAX_LOOPS = 16  # GPU loops a service runs at most
+
+
 def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> argparse.Namespace:
     """The service's command line."""
     parser = ToolParser(
         prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Serve EmoNet over HTTP and WebSocket: the model loads once and stays warm; every request "
-                    "and stream is a session of the video runtime's scheduler, all stepped together on the GPU. Needs pip install \"emonet[serve]\".")
+        description="Serve EmoNet over HTTP and WebSocket: the model loads once per GPU loop and stays warm; every "
+                    "request and stream is a session of the video runtime's scheduler in one loop, which steps its "
+                    "sessions together on the GPU. Needs pip install \"emonet[serve]\".")
     net = parser.add_argument_group("network")
     net.add_argument("--host", default="127.0.0.1",
                      help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for every one)")
@@ -52,7 +56,7 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                              "copy of the model on the GPU (default: 2 on a GPU of 16 GB or more, else 1; "
                              "docs/PERFORMANCE.md has the figures)")
     limits.add_argument("--max-batch", type=int, default=64, metavar="N",
-                        help="frames per GPU step, every stream's together (default: 64)")
+                        help="frames per GPU step, every stream's of a loop together (default: 64)")
     limits.add_argument("--detect-every", type=int, default=5, metavar="N",
                         help="streams: run the detector every N frames and follow faces between, as emonet-video "
                              "(default: 5)")
@@ -71,6 +75,9 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
             continue
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    if args.loops is not None and args.loops > MAX_LOOPS:
+        parser.error(f"--loops takes at most {MAX_LOOPS} (each loop is a process with its own copy of the model), "
+                     f"not {args.loops}")
     if args.max_image_mb <= 0:
         parser.error("--max-image-mb must be positive")
     if args.max_age_ms < 0:
@@ -99,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
                          max_age=args.max_age_ms / 1000 if args.max_age_ms > 0 else None)
     # The model loads (and warms) in the loop's own process; a checkpoint it cannot load is one line here.
     options = model_options(args)
+    # Stopped while the loops load (SIGTERM as Ctrl-C): they are ended and it says so, none left behind.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     loop = LoopPool(options, live_config(config), gpu_decode=config.gpu_decode,
                     loops=args.loops if args.loops is not None else default_loops(options))
     app = create_app(loop, config)

@@ -191,8 +191,11 @@ def create_app(loop: LoopPool, config: ServeConfig = ServeConfig()) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if not loop.alive:  # a load balancer sends no more work here
-            return JSONResponse({"status": "stopped", "why": loop.failure or "the live loop has stopped"}, 503)
+        if not loop.alive:  # a load balancer sends no more work here (the loops still running answer meanwhile)
+            running = sum(part.alive for part in loop.loops)
+            return JSONResponse({"status": "degraded" if running else "stopped",
+                                 "why": loop.failure or "the live loop has stopped", "loops": len(loop.loops),
+                                 "loops_running": running, "sessions_per_loop": loop.sessions}, 503)
         return JSONResponse({"status": "ready", **about, "streams": state["streams"],
                              "max_streams": config.max_streams, "sessions_per_loop": loop.sessions})
 

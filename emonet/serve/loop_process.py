@@ -13,6 +13,7 @@ which also reads every frame off its socket, only puts the pieces of a reply tog
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ import numpy as np
 from ..build import ModelOptions
 from ..errors import HelperError, InputError
 from ..io.helper import HelperClient, start_helper
-from ..log import LOGGER
+from ..log import LOGGER, say
 from ..results import face_record
 from ..video.live import DROPPED, FrameError, LiveConfig, LiveResult, StepHook
 
@@ -217,6 +218,8 @@ class LoopProcess:
                 pass
 
     def _ended(self) -> None:
+        if self._helper.failure is not None and not self._helper.closing and self.about is not None:
+            say(f"warning: {self._helper.failure}: its streams and requests are answered with that")
         self._fail_all(RuntimeError(self._helper.failure or "the live loop has stopped"))
 
     def _fail_all(self, exc: BaseException) -> None:
@@ -256,12 +259,10 @@ def main(spec: str) -> int:
         pipeline = build_pipeline(ModelOptions(**config["options"]))
         pipeline.warmup()
     except (InputError, CheckpointError, DetectorError, DeviceError) as exc:  # the user's to mend: one line
-        send(out, ("refused", str(exc)))
-        return 2
+        return _refuse(out, str(exc))
     except torch.cuda.OutOfMemoryError:
-        send(out, ("refused", "the GPU has too little memory free for the model and its CUDA graphs; free some, "
-                              "or run fewer GPU loops (--loops 1)"))
-        return 2
+        return _refuse(out, "the GPU has too little memory free for the model and its CUDA graphs; free some, "
+                            "or run fewer GPU loops (--loops 1)")
     engine = pipeline.engine
     jpeg = gpu_decoder(engine.device) if config["gpu_decode"] else None
     names = list(engine.class_names)
@@ -280,9 +281,12 @@ def main(spec: str) -> int:
                 except queue.Empty:
                     break
             done = items[-1] is None
-            out.write(b"".join(frame(_outcome(*item[1:], names) if item[0] == "done" else item)
-                               for item in items if item))
-            out.flush()
+            try:
+                out.write(b"".join(frame(_outcome(*item[1:], names) if item[0] == "done" else item)
+                                   for item in items if item))
+                out.flush()
+            except BrokenPipeError:  # the server has gone (stopped while this loop loaded, say): no one to answer
+                return
             if done:
                 return
 
@@ -315,8 +319,18 @@ def main(spec: str) -> int:
         loop.close()  # every frame taken is answered
         outbox.put(None)
         writer.join()
-        out.close()
+        with contextlib.suppress(BrokenPipeError):
+            out.close()
     return 0
+
+
+def _refuse(out, why: str) -> int:
+    """Say why the model cannot be loaded (the server may have gone meanwhile: then to no one); exit code 2."""
+    from ..io.ipc import send
+
+    with contextlib.suppress(BrokenPipeError):
+        send(out, ("refused", why))
+    return 2
 
 
 def _outcome(request: int, future: Future, names: list) -> tuple:

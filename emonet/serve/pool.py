@@ -5,7 +5,7 @@ JSON) runs in one interpreter, and at a few dozen streams that interpreter, not 
 steps grow, and so does every frame's wait. Loops in processes of their own share the host work out over more
 cores; each runs the same runtime (:class:`~emonet.video.live.LiveLoop`) on the same device with the same
 engine, so a session gives the same numbers in any of them. A session lives wholly in one loop (its tracker and
-smoother with it), the loop with the fewest sessions open when it opens.
+smoother with it), the loop with the fewest sessions open when it opens, of those still running.
 """
 from __future__ import annotations
 

@@ -75,6 +75,9 @@ def test_two_streams_at_once_on_two_loops_each_give_the_video_tools_rows(png_cli
                 for k, ws in enumerate((one, two)):
                     replies[k].append(strict(ws.recv(timeout=120)))
             assert httpx.get(f"{url}/health").json()["sessions_per_loop"] == [1, 1]  # one in each loop
+            metrics = httpx.get(f"{url}/metrics").text
+            assert 'emonet_loop_sessions{loop="0"} 1.0' in metrics and 'emonet_loop_sessions{loop="1"} 1.0' in metrics
+            assert "emonet_loops_running 2.0" in metrics
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -117,6 +120,7 @@ def test_a_loop_that_dies_is_said_by_health_and_the_others_stop_with_the_server(
         health = httpx.get(f"{url}/health")
         assert health.status_code == 503 and "killed by SIGKILL" in health.json()["why"]
         assert health.json()["status"] == "degraded" and health.json()["loops_running"] == 1
+        assert "emonet_loops_running 1.0" in httpx.get(f"{url}/metrics").text
         # The loop that lives goes on answering: a new stream opens there, not in the one that died.
         reply = stream_replies(url, [PHOTO.read_bytes()])[0]
         assert reply["frame"] == 0 and len(reply["faces"]) == 1 and "error" not in reply

@@ -132,6 +132,15 @@ class Metrics:
         self.frame_outcomes = {status: self.frames.labels(status) for status in ("ok", "dropped", "bad", "failed")}
         self.stream_latency = self.latency.labels("stream")
 
+    def watch(self, loop: LoopPool) -> None:
+        """The pool's loops as gauges read at each scrape: how many still run, and the sessions open in each."""
+        Gauge("emonet_loops_running", "GPU loops still running (of --loops)", registry=self.registry).set_function(
+            lambda: sum(part.alive for part in loop.loops))
+        sessions = Gauge("emonet_loop_sessions", "sessions (streams and requests) open in each GPU loop", ["loop"],
+                         registry=self.registry)
+        for k in range(len(loop.loops)):
+            sessions.labels(str(k)).set_function(lambda k=k: loop.sessions[k])
+
     def step(self, images: int, faces: int, seconds: float) -> None:
         """Record one GPU step (called by the live loop's thread)."""
         self.batch_images.observe(images)
@@ -144,6 +153,7 @@ def create_app(loop: LoopPool, config: ServeConfig = ServeConfig()) -> FastAPI:
     closes it when it stops)."""
     untrained = loop.about["untrained"]
     metrics = Metrics()
+    metrics.watch(loop)
     loop.on_step = metrics.step
     jpeg = loop.about["jpeg_decoder"] == "nvjpeg"  # JPEG frames go as they are, decoded there on the GPU
     about = loop.about

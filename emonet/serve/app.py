@@ -135,7 +135,7 @@ class Metrics:
     def watch(self, loop: LoopPool) -> None:
         """The pool's loops as gauges read at each scrape: how many still run, and the sessions open in each."""
         Gauge("emonet_loops_running", "GPU loops still running (of --loops)", registry=self.registry).set_function(
-            lambda: sum(part.alive for part in loop.loops))
+            lambda: loop.running)
         sessions = Gauge("emonet_loop_sessions", "sessions (streams and requests) open in each GPU loop", ["loop"],
                          registry=self.registry)
         for k in range(len(loop.loops)):
@@ -202,7 +202,7 @@ def create_app(loop: LoopPool, config: ServeConfig = ServeConfig()) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         if not loop.alive:  # a load balancer sends no more work here (the loops still running answer meanwhile)
-            running = sum(part.alive for part in loop.loops)
+            running = loop.running
             return JSONResponse({"status": "degraded" if running else "stopped",
                                  "why": loop.failure or "the live loop has stopped", "loops": len(loop.loops),
                                  "loops_running": running, "sessions_per_loop": loop.sessions}, 503)

@@ -69,9 +69,14 @@ class LoopPool:
             loop.on_step = hook
 
     @property
+    def running(self) -> int:
+        """How many loops still take frames."""
+        return sum(loop.alive for loop in self.loops)
+
+    @property
     def alive(self) -> bool:
         """Whether every loop still takes frames (one that ended is said by :attr:`failure`)."""
-        return all(loop.alive for loop in self.loops)
+        return self.running == len(self.loops)
 
     @property
     def failure(self) -> Optional[str]:

@@ -163,6 +163,10 @@ class Scheduler:
         # Every session of a scheduler has its detector, and so its threshold and hold margin.
         hold_score = step.entries[0].session.hold_score if step.entries else None
         boxes = self._collect_detector(step.handle, hold_score) if step.handle is not None else []
+        for entry in step.entries:
+            # The entries' way back to their step, no longer needed: without it, a step's frames (their pixels
+            # on the GPU among them) are freed when it is done with, not at the garbage collector's next full pass.
+            entry.step = None
         takes, start = [], 0
         for entry in step.entries:
             takes.append(entry.session.take_detections(entry, boxes[start:start + entry.count]))

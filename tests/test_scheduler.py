@@ -59,3 +59,31 @@ def test_a_face_between_detections_is_held_to_the_detection_before_it_not_a_late
     together, apart = boxes([frames]), boxes([frames[:5], frames[5:]])
     assert not np.allclose(together[0], together[5], atol=50)  # the face moved
     np.testing.assert_allclose(np.array(together[1:5]), np.array(apart[1:5]), atol=1e-3)  # px
+
+
+def test_a_steps_frames_are_freed_when_it_is_done_with_not_left_to_the_garbage_collector(reference_model):
+    # A live stream's frames are its decoded images (on a GPU, its memory): a step done with leaves no reference
+    # cycle behind, which only the collector's passes would free (a full pass stalls every stream of a process).
+    import gc
+
+    scene, _ = small_faces_scene(widths=(300,), places=((900, 300),))
+    pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)), BlazeFaceDetector("cpu"))
+    scheduler = Scheduler(pipeline)
+    sessions = [VideoPipeline(pipeline, detect_every=2, scheduler=scheduler) for _ in range(2)]
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(4):
+            step = scheduler.launch(scheduler.detect([(s, [Frame(index=i, timestamp=i / 30, host=scene)])
+                                                      for s in sessions]))
+            for session, settled in zip(sessions, scheduler.settle(step)):
+                assert len(session.results(settled)[0]) == 1
+        del step, settled
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == []

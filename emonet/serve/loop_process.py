@@ -247,6 +247,7 @@ def main(spec: str) -> int:
     from ..runtime import DeviceError
     from ..io.jpeg import gpu_decoder
     from ..provenance import provenance
+    from ..runtime import freeze_loaded
     from ..video.live import LiveLoop
 
     # The messages keep the process's standard output to themselves: anything printed goes to standard error.
@@ -297,6 +298,7 @@ def main(spec: str) -> int:
         live = replace(live, max_age=None)  # a CPU's step outlasts any age allowed: no frame dropped for it
     loop = LiveLoop(pipeline, live, decode_jpeg=jpeg,
                     on_step=lambda *figures: outbox.put(("step", *figures)))
+    freeze_loaded()
     sessions = {}
     try:
         for message in messages(sys.stdin.buffer):

@@ -3,9 +3,9 @@
 A :class:`LiveLoop` owns the pipeline. Clients open a :class:`LiveSession` each and :meth:`LiveLoop.submit`
 frames to it from any thread; each frame's answer comes back on its own future, in the session's order. One
 thread steps the sessions, as :func:`~emonet.video.runner.run_videos` steps a video: each step takes the frames
-waiting in every session (a chunk each), queues one detector call on those due for detection, settles the
-step before (its results are made after this step is launched, while the GPU runs it), and queues every face
-of every session through the engine in one batch. When no frame waits, the step in flight is settled and
+waiting in every session (a chunk each), queues one detector call on those due for detection, settles and
+answers the step before (while the GPU runs this step's detection), and queues every face of every session
+through the engine in one batch. When no frame waits, the step in flight is settled and
 answered at once. A stream thus gets the same detection cadence, landmark crops, holds and smoothing as a video.
 
 Bounded whatever the clients send: a session holds at most ``max_waiting`` frames not yet stepped; a newer
@@ -360,20 +360,17 @@ class LiveLoop:
             except Exception as exc:  # noqa: BLE001 - this step's frames fail; the loop goes on
                 self._fail([w for _, chunk in taken for w in chunk], exc)
                 items, queued = [], None
-            settled = None
             if previous is not None:
-                settled = self._settle(*previous)
+                # The step before answered before this one is launched: its frames' answers need not wait for
+                # this launch's host work (collecting the detections, planning, cropping), and the GPU, given
+                # this step's detection queued above, works meanwhile.
+                self._answer(*previous)
+            previous = None
             if queued is not None:
                 try:
-                    launched = scheduler.launch(queued)
-                    previous = (launched, items, t0)
+                    previous = (scheduler.launch(queued), items, t0)
                 except Exception as exc:  # noqa: BLE001
                     self._fail(_frames_of(items), exc)
-                    previous = None
-            else:
-                previous = None
-            if settled is not None:
-                self._deliver(*settled)
         if previous is not None:
             self._answer(*previous)
 

@@ -303,6 +303,41 @@ def test_the_loader_gives_the_batches_in_order_from_its_reading_processes():
         assert torch.isnan(arousal).all()
 
 
+
+READING_THROUGH_A_STOP = """
+import signal, sys, time
+import numpy as np
+from emonet.train.data import CropSet, loader
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))  # as the trainer does: finish the step, save
+n = 16
+data = CropSet(np.zeros((n, 8, 8, 3), np.uint8), np.zeros(n, np.int64), np.zeros(n, np.float32),
+               np.zeros(n, np.float32), ["x"] * n)
+read = 0
+for batch in loader(data, [np.arange(4) + i % 12 for i in range(200)], workers=2):
+    read += 1
+    time.sleep(0.01)
+    if read == 10:
+        print("reading", flush=True)
+    if stopped and read >= 40:
+        break
+print("read", read, "stopped", bool(stopped), flush=True)
+"""
+
+
+def test_a_job_stopped_as_a_whole_leaves_the_trainer_its_reading_processes_to_finish_the_step():
+    # A batch scheduler's cancel or time limit, systemd and `timeout` send SIGTERM to every process of the job: the
+    # reading processes leave it to the trainer (which saves a state first) and read on.
+    import os
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-c", READING_THROUGH_A_STOP], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "reading"
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and out.strip() == "read 40 stopped True", out + err
+
 @pytest.mark.parametrize("n, size, least, sizes", [
     (2574, 256, 2, [234] * 11), (257, 256, 2, [129, 128]), (10, 4, 2, [4, 3, 3]), (8, 4, 2, [4, 4]), (0, 4, 2, []),
     (5, 2, 2, [3, 2]), (3, 2, 2, [3]),  # never a batch of one: BatchNorm cannot train on it

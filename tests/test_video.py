@@ -124,12 +124,13 @@ def test_max_frames_start_end_and_no_video(clip, tmp_path):
     assert [int(r["frame"]) for r in csv.DictReader((tmp_path / "h.csv").open())] == [0, 1, 2, 3, 4]
 
 
-def long_run(tmp_path: Path, *extra: str) -> subprocess.Popen:
-    """demo_video on a 150-frame clip, a frame a chunk on the CPU, rows to f.csv: returned once 3 rows are on disk."""
+def long_run(tmp_path: Path, *extra: str, group: bool = False) -> subprocess.Popen:
+    """demo_video on a 150-frame clip, a frame a chunk on the CPU, rows to f.csv: returned once 3 rows are on disk
+    (``group``: in a process group of its own, its helpers with it)."""
     clip = make_clip(tmp_path / "long.mp4", frames=150)
     proc = subprocess.Popen([sys.executable, str(ROOT / "demo_video.py"), "--video", str(clip), "--weights", "random",
                              "--device", "cpu", "--batch-size", "1", *extra, "--csv", str(tmp_path / "f.csv")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=group)
     deadline = time.time() + 120
     while time.time() < deadline:
         partial = next(tmp_path.glob(".f.csv.*.partial"), None)
@@ -139,9 +140,15 @@ def long_run(tmp_path: Path, *extra: str) -> subprocess.Popen:
     return proc
 
 
-def test_an_interrupted_run_keeps_a_playable_video_and_every_finished_row(tmp_path):
-    proc = long_run(tmp_path, "--output", str(tmp_path / "out.mp4"))
-    proc.send_signal(signal.SIGTERM)
+@pytest.mark.parametrize("whole_group", [False, True])
+def test_an_interrupted_run_keeps_a_playable_video_and_every_finished_row(tmp_path, whole_group):
+    # SIGTERM to the process, or to its whole process group as `timeout`, systemd and batch schedulers send it
+    # (its decoding and encoding helpers get it too, and must leave the stop to the process).
+    proc = long_run(tmp_path, "--output", str(tmp_path / "out.mp4"), group=whole_group)
+    if whole_group:
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
     rows = list(csv.DictReader((tmp_path / "f.csv").open()))

@@ -15,8 +15,8 @@ The child answers ``("mapped", ring)`` (the ring is attached: the parent may rem
 slot)`` (the slot may be reused: each frame is given back once copied for the encoder), ``("written",
 frames)`` (the file is finished), ``("times", encode, user, system)`` (seconds spent encoding, and the
 process's CPU seconds, x264's threads included, at the end), ``("error", message)`` (a failure; later
-frames are then only released). It ignores Ctrl-C (as every helper does): the parent, which sees it too,
-ends the run by sending ``end``, so every frame handed over is kept.
+frames are then only released). It ignores Ctrl-C and SIGTERM (as every helper does): the parent, which sees
+them too, ends the run by sending ``end``, so every frame handed over is kept.
 
 :func:`start` starts one; :class:`Spare` keeps one started ahead of the video that will take it.
 """

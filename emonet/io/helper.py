@@ -3,9 +3,11 @@ module's ``main(*args)`` with the package on its path, pipes both ways, and one 
 of saying why one died; and one client (:class:`HelperClient`) that speaks to one: a sender, a listener,
 the first failure, and the close.
 
-Ctrl-C reaches a terminal's whole process group: a helper ignores it, and the parent, which sees it too,
-decides (it closes the helper's input, so the work handed over is finished, or ends it at once). Torch-free,
-so the helpers that import this start fast.
+Ctrl-C reaches a terminal's whole process group, and SIGTERM does where a job is stopped as a whole (``timeout``,
+systemd stopping a service, a batch scheduler cancelling a job, ``kill -- -PGID``): a helper ignores both, and the
+parent, which sees them too, decides (it closes the helper's input, so the work handed over is finished, or ends
+it at once); a helper whose parent has gone ends as its pipes close. Torch-free, so the helpers that import this
+start fast.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ def start_helper(target: str, *args: str, env: Optional[dict] = None, quiet: boo
     end (its files are closed and its messages sent by then; the parent would wait for the tear-down)."""
     module, function = target.split(":")
     code = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
             f"sys.path.insert(0, {PACKAGE_ROOT!r}); from emonet.io.helper import _run; "
             f"_run({module!r}, {function!r}, sys.argv[1:])")
     return subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -177,7 +177,10 @@ def _whole(batch):
 
 
 def _reader_process(_worker: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle: it saves a state first
+    # Ctrl-C, and SIGTERM sent to the whole job (a batch scheduler's cancel or time limit, systemd, `timeout`), are
+    # the trainer's to handle: it finishes its step and saves a state, reading on meanwhile.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def loader(data: CropSet, order: Iterable[np.ndarray], crops: bool = True, workers: int = 0,

@@ -112,7 +112,7 @@ def describe(config: RuntimeConfig, device: torch.device) -> str:
 def freeze_loaded() -> None:
     """Everything alive now (the model, its CUDA graphs, the libraries: some hundred thousand objects) set aside
     from the garbage collector's full passes, for a process that serves from here on: a full pass over them holds
-    every thread of the process for 0.1 s or so, a few times a minute under load, and a live stream's frames wait
-    through it. What is made later is collected as before."""
+    every thread of the process for 0.1 s or so, and a live stream's frames would wait through it. What is made
+    later is collected as before."""
     gc.collect()
     gc.freeze()

@@ -162,11 +162,12 @@ class Scheduler:
         of every session through the engine in one batch (without waiting for it)."""
         # Every session of a scheduler has its detector, and so its threshold and hold margin.
         hold_score = step.entries[0].session.hold_score if step.entries else None
-        boxes = self._collect_detector(step.handle, hold_score) if step.handle is not None else []
         for entry in step.entries:
-            # The entries' way back to their step, no longer needed: without it, a step's frames (their pixels
-            # on the GPU among them) are freed when it is done with, not at the garbage collector's next full pass.
+            # The entries' way back to their step, no longer needed (a step is launched once): without it, a
+            # step's frames (their pixels on the GPU among them) are freed when it is done with, not when the
+            # garbage collector next finds the cycle.
             entry.step = None
+        boxes = self._collect_detector(step.handle, hold_score) if step.handle is not None else []
         takes, start = [], 0
         for entry in step.entries:
             takes.append(entry.session.take_detections(entry, boxes[start:start + entry.count]))

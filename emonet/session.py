@@ -92,7 +92,8 @@ class VideoPipeline:
         return entry.flags, entry
 
     def launch(self, chunk: list, flags: list[bool], queued: QueuedDetection) -> PendingStep:
-        """Track and plan every frame of the chunk, crop, and queue EmoNet (without waiting for it)."""
+        """Track and plan every frame of the chunk, crop, and queue EmoNet (without waiting for it); once per
+        :meth:`detect`."""
         queued.flags = flags
         return self.scheduler.launch(queued.step)
 

@@ -5,7 +5,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import cv2
 import pytest
@@ -17,7 +16,7 @@ from emonet.serve.pool import LoopPool  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
 from .conftest import free_port  # noqa: E402
-from .test_serve import PHOTO, ROOT, assert_video_rows, children, png_clip, start_server, strict, \
+from .test_serve import PHOTO, ROOT, assert_video_rows, children, png_clip, running, start_server, strict, \
     stream_replies, video_rows, ws_url  # noqa: E402,F401 - png_clip is a fixture
 
 pytestmark = pytest.mark.slow  # loops in processes of their own
@@ -134,14 +133,6 @@ def test_a_loop_that_dies_is_said_by_health_and_the_others_stop_with_the_server(
     while running(loops[0]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not running(loops[0])
-
-
-def running(pid: int) -> bool:
-    """Whether process ``pid`` is there and not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_loops_that_cannot_load_the_checkpoint_are_one_line(tmp_path):

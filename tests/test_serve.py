@@ -270,13 +270,23 @@ def test_a_stream_opened_by_another_sites_page_is_refused(server):
         assert json.loads(ws.recv(timeout=60))["error"] == "not a JPEG or PNG image"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_or_sigterm_stops_it_cleanly(sig):
+@pytest.mark.parametrize("signals", [[signal.SIGINT], [signal.SIGTERM], [signal.SIGINT, signal.SIGINT]])
+def test_ctrl_c_or_sigterm_stops_it_cleanly_and_a_second_ctrl_c_at_once(signals):
     proc, url = start_server()
-    proc.send_signal(sig)
+    loops = children(proc.pid)
+    for k, sig in enumerate(signals):
+        if k:
+            time.sleep(0.02)  # while the first one's shutdown is under way
+        proc.send_signal(sig)
     assert proc.wait(timeout=60) == 0
     err = proc.stderr.read()
-    assert "emonet-serve: stopped" in err and "Traceback" not in err
+    said = "emonet-serve: stopped at once (a second Ctrl-C)" if len(signals) > 1 else "emonet-serve: stopped"
+    assert err.strip().splitlines()[-1] == said and "Traceback" not in err, err
+    deadline = time.time() + 30  # its loop processes end with it, the stopped-at-once one's too
+    while loops and time.time() < deadline:
+        loops = [pid for pid in loops if running(pid)]
+        time.sleep(0.1)
+    assert not loops
 
 
 def test_a_port_in_use_is_one_line_before_the_model_loads():
@@ -288,6 +298,14 @@ def test_a_port_in_use_is_one_line_before_the_model_loads():
                               "--port", str(port)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(f"error: cannot listen on 127.0.0.1:{port}")
     assert "EmoNet (" not in out.stderr
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` is there and not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def children(pid: int) -> list[int]:
@@ -330,12 +348,9 @@ def test_a_server_killed_outright_leaves_no_gpu_loop_behind():
     proc.kill()
     proc.wait(timeout=30)
     deadline = time.monotonic() + 60
-    while Path(f"/proc/{loop_pid}").exists() and time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(loop_pid, os.WNOHANG)  # (not ours to reap: an orphan goes to init, which does)
+    while running(loop_pid) and time.monotonic() < deadline:  # (an orphan is init's to reap)
         time.sleep(0.1)
-    stat = Path(f"/proc/{loop_pid}/stat")
-    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    assert not running(loop_pid)
 
 
 def test_a_negative_max_age_is_one_line():

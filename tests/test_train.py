@@ -304,24 +304,35 @@ def test_the_loader_gives_the_batches_in_order_from_its_reading_processes():
 
 
 
-READING_THROUGH_A_STOP = """
+READER = """
 import signal, sys, time
 import numpy as np
-from emonet.train.data import CropSet, loader
-stopped = []
-signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))  # as the trainer does: finish the step, save
+from emonet.train.data import CropSet, Reader
 n = 16
 data = CropSet(np.zeros((n, 8, 8, 3), np.uint8), np.zeros(n, np.int64), np.zeros(n, np.float32),
                np.zeros(n, np.float32), ["x"] * n)
-read = 0
-for batch in loader(data, [np.arange(4) + i % 12 for i in range(200)], workers=2):
-    read += 1
+reader = Reader(data, [np.arange(4) + i % 12 for i in range(100_000)], workers=2)
+"""
+
+READING_THROUGH_A_STOP = READER + """
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))  # as the trainer does: finish the step, save
+next(reader)
+print("reading", flush=True)
+while not stopped:
+    next(reader)
     time.sleep(0.01)
-    if read == 10:
-        print("reading", flush=True)
-    if stopped and read >= 40:
-        break
-print("read", read, "stopped", bool(stopped), flush=True)
+after = sum(1 for _, batch in zip(range(20), reader))  # the reading goes on after the stop
+reader.close()
+print("read after the stop:", after, flush=True)
+"""
+
+FAILING_WHILE_READING = READER + """
+try:
+    next(reader)
+    raise RuntimeError("the step failed")
+finally:
+    reader.close()
 """
 
 
@@ -336,7 +347,14 @@ def test_a_job_stopped_as_a_whole_leaves_the_trainer_its_reading_processes_to_fi
     assert proc.stdout.readline().strip() == "reading"
     os.killpg(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and out.strip() == "read 40 stopped True", out + err
+    assert proc.returncode == 0 and out.strip() == "read after the stop: 20", out + err
+
+
+def test_a_run_that_fails_while_reading_ends_its_reading_processes_and_exits():
+    # They leave SIGTERM to the trainer, which is how the interpreter's exit ends them: the reader, closed,
+    # ends them itself (without, the process waits for them forever).
+    out = subprocess.run([sys.executable, "-c", FAILING_WHILE_READING], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "the step failed" in out.stderr
 
 @pytest.mark.parametrize("n, size, least, sizes", [
     (2574, 256, 2, [234] * 11), (257, 256, 2, [129, 128]), (10, 4, 2, [4, 3, 3]), (8, 4, 2, [4, 4]), (0, 4, 2, []),

@@ -178,9 +178,32 @@ def _whole(batch):
 
 def _reader_process(_worker: int) -> None:
     # Ctrl-C, and SIGTERM sent to the whole job (a batch scheduler's cancel or time limit, systemd, `timeout`), are
-    # the trainer's to handle: it finishes its step and saves a state, reading on meanwhile.
+    # the trainer's to handle: it finishes its step and saves a state, reading on meanwhile (Reader.close ends
+    # these processes; SIGTERM no longer does).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class Reader:
+    """The batches of ``order`` read from ``data`` in that order, as :func:`loader` reads them, one by one
+    (``next``); :meth:`close` ends its reading processes at once."""
+
+    def __init__(self, data: CropSet, order: Iterable[np.ndarray], crops: bool = True, workers: int = 0,
+                 pin: bool = False) -> None:
+        self._batches = iter(loader(data, order, crops, workers, pin))
+
+    def __iter__(self) -> "Reader":
+        return self
+
+    def __next__(self):
+        if self._batches is None:
+            raise StopIteration
+        return next(self._batches)
+
+    def close(self) -> None:
+        """End the reading processes now (close it however a run ends: they leave SIGTERM to their parent, and
+        the interpreter's exit ends a child still running with SIGTERM, then waits for it: forever)."""
+        self._batches = None
 
 
 def loader(data: CropSet, order: Iterable[np.ndarray], crops: bool = True, workers: int = 0,

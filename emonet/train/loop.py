@@ -31,7 +31,7 @@ from ..log import say
 from ..models.emonet import EmoNet
 from ..models.weights import load_model
 from ..provenance import weights_record
-from .data import CropSet, TrainDataError, augment, batches, crop_set, loader, split
+from .data import CropSet, Reader, TrainDataError, augment, batches, crop_set, split
 from .objective import objective
 from .report import (epoch_line, evaluate, flat_metrics, plot_curves, predict, predictions_csv, score_of,
                      write_log)
@@ -337,8 +337,7 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
     first_step = start_step  # (bound now: the generator runs later, as the reader asks)
     plan = ([my_share(b) for b in epoch_batches(e)[first_step if e == start_epoch else 0:]]
             for e in range(start_epoch, config.epochs))
-    reader = iter(loader(train_set, (b for bs in plan for b in bs), crops=features is None, workers=workers,
-                         pin=gpu))
+    reader = Reader(train_set, (b for bs in plan for b in bs), crops=features is None, workers=workers, pin=gpu)
     epoch = start_epoch
     try:
         for epoch in range(start_epoch, config.epochs):
@@ -408,6 +407,7 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
         else:
             epoch = config.epochs
     finally:
+        reader.close()  # its reading processes end now, however the run ends (see Reader.close)
         for s, handler in previous.items():
             signal.signal(s, handler)
     interrupted = stopped or stop["signal"] is not None

@@ -93,7 +93,6 @@ def run(args: argparse.Namespace) -> int:
 
         from ..serve.app import ServeConfig, create_app, live_config
         from ..serve.pool import LoopPool
-        from ..runtime import freeze_loaded
     except ImportError as exc:
         raise InputError(f"emonet-serve needs its extra: pip install \"emonet[serve]\" ({exc.name} is missing)") from None
     with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as probe:
@@ -113,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     loop = LoopPool(options, live_config(config), gpu_decode=config.gpu_decode,
                     loops=args.loops if args.loops is not None else default_loops(options))
     app = create_app(loop, config)
-    freeze_loaded()
+    from ..runtime import freeze_loaded
+
+    freeze_loaded()  # what is loaded now lives as long as the service: the collector's full passes skip it
     print(f"emonet-serve: http://{args.host}:{args.port}/ (the page), /v1/analyze, /v1/stream, /health, /metrics; "
           f"Ctrl-C stops it", file=sys.stderr, flush=True)
     # uvicorn stops gracefully on Ctrl-C or SIGTERM, then raises the signal again for the handler it found:

@@ -244,10 +244,9 @@ def main(spec: str) -> int:
     from ..detection import DetectorError
     from ..io.ipc import frame, messages, send
     from ..models.weights import CheckpointError
-    from ..runtime import DeviceError
+    from ..runtime import DeviceError, freeze_loaded
     from ..io.jpeg import gpu_decoder
     from ..provenance import provenance
-    from ..runtime import freeze_loaded
     from ..video.live import LiveLoop
 
     # The messages keep the process's standard output to themselves: anything printed goes to standard error.

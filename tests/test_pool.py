@@ -16,7 +16,7 @@ from emonet.serve.pool import LoopPool  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
 from .conftest import free_port  # noqa: E402
-from .test_serve import PHOTO, ROOT, assert_video_rows, children, png_clip, running, start_server, strict, \
+from .test_serve import PHOTO, ROOT, assert_video_rows, children, png_clip, start_server, still_running, strict, \
     stream_replies, video_rows, ws_url  # noqa: E402,F401 - png_clip is a fixture
 
 pytestmark = pytest.mark.slow  # loops in processes of their own
@@ -101,10 +101,7 @@ def test_ctrl_c_or_sigterm_while_the_loops_load_leaves_none_behind(sig):
     assert "Traceback" not in err, err[-2000:]
     # Stopped while loading ("interrupted", 130) or, where the loops were quicker, as a running server stops.
     assert (proc.returncode, err.strip().splitlines()[-1]) in ((130, "interrupted"), (0, "emonet-serve: stopped"))
-    deadline = time.monotonic() + 30
-    while any(map(running, loops)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(map(running, loops))
+    assert not still_running(loops)
 
 
 def test_a_loop_that_dies_is_said_by_health_and_the_others_stop_with_the_server():
@@ -129,10 +126,7 @@ def test_a_loop_that_dies_is_said_by_health_and_the_others_stop_with_the_server(
     err = proc.stderr.read()
     assert proc.returncode == 0 and "Traceback" not in err
     assert "warning: the GPU loop process ended unexpectedly (killed by SIGKILL" in err  # said when it happened
-    deadline = time.monotonic() + 30  # the loop that lived ends with the server (an orphan goes to init)
-    while running(loops[0]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not running(loops[0])
+    assert not still_running(loops[:1])  # the loop that lived ends with the server
 
 
 def test_loops_that_cannot_load_the_checkpoint_are_one_line(tmp_path):

@@ -282,11 +282,7 @@ def test_ctrl_c_or_sigterm_stops_it_cleanly_and_a_second_ctrl_c_at_once(signals)
     err = proc.stderr.read()
     said = "emonet-serve: stopped at once (a second Ctrl-C)" if len(signals) > 1 else "emonet-serve: stopped"
     assert err.strip().splitlines()[-1] == said and "Traceback" not in err, err
-    deadline = time.time() + 30  # its loop processes end with it, the stopped-at-once one's too
-    while loops and time.time() < deadline:
-        loops = [pid for pid in loops if running(pid)]
-        time.sleep(0.1)
-    assert not loops
+    assert not still_running(loops)  # its loop processes end with it, the stopped-at-once one's too
 
 
 def test_a_port_in_use_is_one_line_before_the_model_loads():
@@ -300,12 +296,19 @@ def test_a_port_in_use_is_one_line_before_the_model_loads():
     assert "EmoNet (" not in out.stderr
 
 
-def running(pid: int) -> bool:
-    """Whether process ``pid`` is there and not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+def still_running(pids: list[int], within: float = 30) -> list[int]:
+    """Those of ``pids`` still running (there and not a zombie) after waiting up to ``within`` seconds for them to
+    end (an orphan is init's to reap)."""
+    def running(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + within
+    while (left := [pid for pid in pids if running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 def children(pid: int) -> list[int]:
@@ -347,10 +350,7 @@ def test_a_server_killed_outright_leaves_no_gpu_loop_behind():
     (loop_pid,) = children(proc.pid)
     proc.kill()
     proc.wait(timeout=30)
-    deadline = time.monotonic() + 60
-    while running(loop_pid) and time.monotonic() < deadline:  # (an orphan is init's to reap)
-        time.sleep(0.1)
-    assert not running(loop_pid)
+    assert not still_running([loop_pid], within=60)
 
 
 def test_a_negative_max_age_is_one_line():

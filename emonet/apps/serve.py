@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import socket
 import sys
@@ -125,33 +124,14 @@ def run(args: argparse.Namespace) -> int:
     # flight: beyond, its reading waits (what a client makes the server hold stays bounded).
     # (uvicorn's newer "websockets-sansio" has no queue bound yet: the legacy one, and its notice silenced.)
     warnings.filterwarnings("ignore", message="The `websockets` implementation is deprecated")
-    forced = _ForcedStop()
-    logging.getLogger("uvicorn.error").addFilter(forced)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, ws="websockets",
                 # Frames are JPEG or PNG already: compressing them again costs a client ~2 ms a 40 KB frame for
                 # nothing (a client sending many streams falls seconds behind), so the extension is declined.
                 ws_per_message_deflate=False,
                 ws_max_size=config.max_image_bytes + (64 << 10), ws_max_queue=2)
-    print("emonet-serve: stopped at once (a second Ctrl-C)" if forced.seen else "emonet-serve: stopped",
-          file=sys.stderr)
+    at_once = getattr(app.state, "stopped_at_once", False)
+    print("emonet-serve: stopped at once (a second Ctrl-C)" if at_once else "emonet-serve: stopped", file=sys.stderr)
     return 0
-
-
-class _ForcedStop(logging.Filter):
-    """A second Ctrl-C (or SIGTERM) stops uvicorn at once, cancelling the service's shutdown, which it then
-    reports as an error with the cancellation's traceback: that record is left out (the service says it stopped
-    at once instead), and noted."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        if text.lstrip().startswith("Traceback") and text.rstrip().endswith("CancelledError"):
-            self.seen = True
-            return False
-        return True
 
 
 def default_loops(options: ModelOptions) -> int:

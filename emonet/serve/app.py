@@ -171,8 +171,13 @@ def create_app(loop: LoopPool, config: ServeConfig = ServeConfig()) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        app.state.stopped_at_once = False
         try:
             yield
+        except asyncio.CancelledError:
+            # A second Ctrl-C (or SIGTERM): the server stops at once and cancels this wait for its shutdown, which
+            # is no failure; the loops are closed all the same.
+            app.state.stopped_at_once = True
         finally:
             await asyncio.to_thread(loop.close)
 

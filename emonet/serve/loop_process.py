@@ -242,7 +242,7 @@ def main(spec: str) -> int:
 
     from ..build import build_pipeline
     from ..detection import DetectorError
-    from ..io.ipc import frame, messages, send
+    from ..io.ipc import frame, messages
     from ..models.weights import CheckpointError
     from ..runtime import DeviceError, freeze_loaded
     from ..io.jpeg import gpu_decoder

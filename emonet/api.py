@@ -19,6 +19,7 @@ from typing import Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
+from .choices import DEFAULT_DETECTOR
 from .results import FaceResult, FrameFaces
 from .summary import VideoSummary
 
@@ -29,7 +30,7 @@ class Reader:
     """EmoNet with a face detector, loaded once; :meth:`video` and :meth:`images` read faces with it."""
 
     def __init__(self, weights: str = "pretrained", device: Optional[str] = None, engine: str = "auto",
-                 detector: str = "blazeface", min_score: Optional[float] = None, nclasses: Optional[int] = None,
+                 detector: str = DEFAULT_DETECTOR, min_score: Optional[float] = None, nclasses: Optional[int] = None,
                  batch_size: int = 32) -> None:
         from .build import ModelOptions, build_pipeline
 

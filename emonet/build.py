@@ -7,6 +7,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from .choices import DEFAULT_DETECTOR
 from .log import say
 from .detection import create_detector
 from .engine import PRESETS, Engine, EngineConfig
@@ -27,7 +28,7 @@ class ModelOptions:
     precision: str = "auto"                # auto (the engine's own), fp32, tf32, fp16 or bf16
     cudnn_benchmark: bool = True
     deterministic: bool = False
-    detector: str = "blazeface"            # blazeface, yunet, sfd or none
+    detector: str = DEFAULT_DETECTOR       # yunet, blazeface, sfd or none
     min_score: Optional[float] = None      # None: the detector's default
 
 

@@ -49,7 +49,7 @@ def test_photo_benchmark_times_every_way_in_fresh_processes():
     rows = [line for line in text.splitlines() if line.startswith("| ") and " s |" in line]
     assert len(rows) == 7 and "released demo's way" in rows[0] and "3 tight crops" in rows[4]
     assert "nan" not in text  # every process succeeded
-    assert "- demo.py (BlazeFace), run 1: first result" in text
+    assert "- demo.py (YuNet, the default), run 1: first result" in text
 
 
 def test_a_long_clip_is_the_short_one_repeated_with_every_frame_in_time(tmp_path):

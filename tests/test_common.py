@@ -28,10 +28,10 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_the_pipeline_holds_the_engine_and_the_detector_the_options_ask_for(capsys):
-    from emonet.detection.blazeface import BlazeFaceDetector
+    from emonet.detection.yunet import YuNetDetector
 
     pipeline = build_pipeline(_args("--device", "cpu", "--min-score", "0.9"), max_faces=2)
-    assert isinstance(pipeline.detector, BlazeFaceDetector) and pipeline.detector.min_score == 0.9
+    assert isinstance(pipeline.detector, YuNetDetector) and pipeline.detector.min_score == 0.9
     assert pipeline.max_faces == 2 and pipeline.engine.config.precision == "fp32"
 
 

@@ -33,7 +33,7 @@ def test_photo_to_json_and_annotated_image(tmp_path):
                "--device", "cpu")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert doc["untrained"] is True and doc["classes"][7] == "Contempt" and doc["detector"] == "blazeface"
+    assert doc["untrained"] is True and doc["classes"][7] == "Contempt" and doc["detector"] == "yunet"
     (record,) = doc["images"]
     assert record["image"].endswith("astronaut.jpg") and record["width"] == 512 and record["error"] is None
     (face,) = record["faces"]

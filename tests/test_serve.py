@@ -79,7 +79,7 @@ def ws_url(url: str) -> str:
 
 def test_health_says_what_it_runs(server):
     health = httpx.get(f"{server}/health").json()
-    assert health["status"] == "ready" and health["untrained"] is True and health["detector"] == "blazeface"
+    assert health["status"] == "ready" and health["untrained"] is True and health["detector"] == "yunet"
     assert health["device"].startswith("cpu") and health["max_streams"] == 3
 
 

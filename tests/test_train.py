@@ -51,7 +51,7 @@ def teacher():
 
 @pytest.fixture(scope="module")
 def labelled(teacher, tmp_path_factory) -> tuple[Path, Path]:
-    """A CSV of real face images labelled by the teacher (through the tools' own detector and crop), and a
+    """A CSV of real face images labelled by the teacher (through BlazeFace's detector and crop), and a
     student checkpoint: the teacher with its last layers drawn afresh."""
     root = tmp_path_factory.mktemp("train")
     paths = variants(root)
@@ -84,9 +84,10 @@ def read_log(path: Path) -> list[dict]:
 
 def test_a_student_fine_tuned_on_a_teachers_labels_moves_towards_it_and_its_checkpoint_reads_the_same(labelled, tmp_path):
     labels, student = labelled
+    # The labels' detector (BlazeFace, the fixture's), so the student reads the crops the teacher labelled.
     config = TrainConfig(out_dir=str(tmp_path / "run"), csv=str(labels), weights=str(student), train="head",
                          epochs=30, batch_size=8, lr=1e-3, val_fraction=0.25, augment=False, device="cpu",
-                         progress=False)
+                         progress=False, detector="blazeface")
     result = train(config)
     before, after = result.before, result.after
     print(json.dumps({"before": {k: before[k].get("CCC", before[k].get("ACC")) for k in before},
@@ -105,7 +106,8 @@ def test_a_student_fine_tuned_on_a_teachers_labels_moves_towards_it_and_its_chec
         row = next(csv.DictReader(fh))
     out = tmp_path / "photo.json"
     done = subprocess.run([sys.executable, "-m", "emonet.apps.photo", "--image", row["image"], "--weights",
-                           str(result.best), "--device", "cpu", "--json", str(out)], capture_output=True, text=True)
+                           str(result.best), "--device", "cpu", "--detector", "blazeface", "--json", str(out)],
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     face = json.loads(out.read_text())["images"][0]["faces"][0]
     assert face["valence"] == pytest.approx(float(row["pred_valence"]), abs=1e-4)

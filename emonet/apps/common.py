@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable
 
 # Only light modules here: a tool's --help is printed before torch is imported (the model's modules are
 # imported where a tool runs).
-from ..choices import DETECTORS, ENGINES, PRECISIONS
+from ..choices import DEFAULT_DETECTOR, DETECTORS, ENGINES, PRECISIONS
 from ..errors import ToolError
 
 if TYPE_CHECKING:
@@ -44,12 +44,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
     g.add_argument("--deterministic", action="store_true",
                    help="bit-reproducible results: deterministic algorithms, fp32, seeded")
     if detector:
-        g.add_argument("--detector", default="blazeface", choices=DETECTORS,
-                       help="blazeface (default, offline), yunet (offline; one pass: small faces and faces the "
-                            "frame's edge cuts), sfd (the released demo's; downloads its weights) or none (each "
-                            "image is already a face crop)")
+        g.add_argument("--detector", default=DEFAULT_DETECTOR, choices=DETECTORS,
+                       help="yunet (default, offline; one pass: small faces and faces the frame's edge cuts), "
+                            "blazeface (offline; its fine view finds faces down to ~30 px of 1080p), sfd (the "
+                            "released demo's; downloads its weights) or none (each image is already a face crop)")
         g.add_argument("--min-score", type=_score, default=None, metavar="S",
-                       help="the detector's threshold, 0 to 1 (default: 0.83 for blazeface, 0.8 for yunet, 0.5 "
+                       help="the detector's threshold, 0 to 1 (default: 0.8 for yunet, 0.83 for blazeface, 0.5 "
                             "for sfd); a face already followed in video is kept down to 0.1 under it")
 
 
@@ -59,7 +59,7 @@ def model_options(args: argparse.Namespace) -> "ModelOptions":
 
     return ModelOptions(weights=args.weights, nclasses=args.nclasses, device=args.device, engine=args.engine,
                         precision=args.precision, cudnn_benchmark=not args.no_cudnn_benchmark,
-                        deterministic=args.deterministic, detector=getattr(args, "detector", "blazeface"),
+                        deterministic=args.deterministic, detector=getattr(args, "detector", DEFAULT_DETECTOR),
                         min_score=getattr(args, "min_score", None))
 
 

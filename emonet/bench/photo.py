@@ -57,7 +57,7 @@ def photo_benchmark(photo: Optional[str], device: str, repeat: int = 2, crops: i
         released = [sys.executable, "-c", RELEASED_PHOTO, str(checkpoint), device]
         ways = [("the released demo's way (load, cudnn.benchmark, eager fp32, one forward)", released + [image]),
                 ("demo.py --detector none", tool + ["--image", image, "--detector", "none"]),
-                ("demo.py (BlazeFace)", tool + ["--image", image]),
+                ("demo.py (YuNet, the default)", tool + ["--image", image]),
                 ("demo.py --engine eager", tool + ["--image", image, "--engine", "eager"]),
                 (f"{crops} tight crops: the released way, one process", released + crop_paths),
                 (f"{crops} tight crops: demo.py --detector none", tool + ["--image", str(folder), "--detector", "none"]),

@@ -2,8 +2,8 @@
 
 | name | module |
 | --- | --- |
-| ``blazeface`` (default) | :mod:`.blazeface`: MediaPipe BlazeFace in PyTorch, weights shipped with the package |
-| ``yunet`` | :mod:`.yunet`: YuNet (libfacedetection) in PyTorch, one dense pass, weights shipped with the package |
+| ``yunet`` (default) | :mod:`.yunet`: YuNet (libfacedetection) in PyTorch, one dense pass, weights shipped with the package |
+| ``blazeface`` | :mod:`.blazeface`: MediaPipe BlazeFace in PyTorch, weights shipped with the package |
 | ``sfd`` | :mod:`.sfd`: face-alignment's S3FD (downloads its weights on first use) |
 | ``none`` | :mod:`.whole`: the image already is a face crop |
 

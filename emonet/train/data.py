@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..choices import DEFAULT_DETECTOR
 from ..evaluation.datasets import DatasetError, FaceDataset
 from ..io.atomic import AtomicFile
 
@@ -75,7 +76,7 @@ def _key(dataset: FaceDataset, detector: str) -> str:
     return h.hexdigest()[:20]
 
 
-def crop_set(dataset: FaceDataset, cache_dir: Path, locate, detector: str = "blazeface",
+def crop_set(dataset: FaceDataset, cache_dir: Path, locate, detector: str = DEFAULT_DETECTOR,
              progress: bool = True) -> CropSet:
     """The dataset's crops, from the cache in ``cache_dir`` where it holds this dataset, else made and cached.
 

@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from .. import __version__
+from ..choices import DEFAULT_DETECTOR
 from ..classes import class_names
 from ..evaluation.datasets import FaceDataset, affectnet, csv_dataset
 from ..distributed import join
@@ -65,7 +66,7 @@ class TrainConfig:
     augment: bool = True
     device: Optional[str] = None            # None: cuda:0, else the CPU
     precision: str = "auto"                 # auto: bf16 (fp16 where not supported) autocast on a GPU; fp32
-    detector: str = "blazeface"
+    detector: str = DEFAULT_DETECTOR
     cache_dir: Optional[str] = None         # where the crops are cached (default: OUT/cache); runs may share it
     resume: bool = False
     progress: bool = True

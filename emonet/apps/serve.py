@@ -56,7 +56,7 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                              "copy of the model on the GPU (default: 2 on a GPU of 16 GB or more, else 1; "
                              "docs/PERFORMANCE.md has the figures)")
     limits.add_argument("--max-batch", type=int, default=64, metavar="N",
-                        help="frames per GPU step, every stream's of a loop together (default: 64; past 32 "
+                        help="frames per GPU step, every stream's of a loop together (default: 64; at 64 "
                              "streams, 16 halved the latency's tail: docs/PERFORMANCE.md)")
     limits.add_argument("--detect-every", type=int, default=5, metavar="N",
                         help="streams: run the detector every N frames and follow faces between, as emonet-video "

@@ -30,6 +30,7 @@ class ModelOptions:
     deterministic: bool = False
     detector: str = DEFAULT_DETECTOR       # yunet, blazeface, sfd or none
     min_score: Optional[float] = None      # None: the detector's default
+    compile: bool = False                  # auto on a GPU compiles its one batch shape (a long-lived process)
 
 
 # What bf16 does to the numbers, measured on a well-conditioned checkpoint over real face crops
@@ -49,6 +50,14 @@ BF16_NOTE = ("bf16 keeps 8 bits of mantissa: on a well-conditioned checkpoint it
 # first (emonet.engine.invariance: AUTO_BATCH, halved until it holds).
 AUTO_BATCH = 16
 AUTO_LANES = 4  # the checked shape's graph replayed on 4 streams side by side: large batches 1.5x the crops/s
+# ``auto`` compiled (ModelOptions.compile, the service's default): the same one checked shape, through
+# torch.compile specialised to it (kept on disk, so a later start loads it). Its graph of 8 crops runs in about
+# 0.56x the time of the uncompiled one (docs/PERFORMANCE.md), which is what a GPU loop of many streams waits
+# for at every step; the first start compiles for tens of seconds. Its kernels are not the uncompiled ones, so
+# a crop's numbers differ from the other tools' by their rounding. The check starts at 8, as 16 gave a crop
+# other bits at other places in the batch with both engines on the GPU measured: checked first, it would cost
+# a compilation for nothing.
+AUTO_COMPILED_BATCH = 8
 
 
 def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
@@ -61,7 +70,8 @@ def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
     if options.deterministic and precision not in ("auto", "fp32"):
         raise DeviceError(f"--deterministic computes in fp32: drop --precision {precision}")
     device = select_device(options.device, log=log)
-    config = engine_config(options.engine, device, deterministic=options.deterministic, precision=precision)
+    config = engine_config(options.engine, device, deterministic=options.deterministic, precision=precision,
+                           compiled=options.compile)
     # One batch shape: cuDNN's heuristics choose its kernels (autotuning chose by timing, differently from
     # one process to the next, and ran no faster at that shape).
     autotune = options.cudnn_benchmark and not config.fixed_batch
@@ -71,7 +81,30 @@ def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
     if precision == "fp16" and device.type != "cuda":
         raise DeviceError("--precision fp16 needs a GPU; on a CPU use fp32 (exact) or bf16")
     model = load_model(options.weights, n_expression=options.nclasses, device="cpu")
+    if config.compile and options.compile and options.engine == "auto":
+        # Asked for by default (the service), not by name: where compiling cannot be had or fails, the
+        # uncompiled default runs, saying why, rather than the service not starting.
+        try:
+            from torch.utils._triton import has_triton
+
+            if not has_triton():
+                raise RuntimeError("Triton is not installed")
+            return _logged(Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)), log=log),
+                           model, options, runtime, device, log)
+        except (RuntimeError, ImportError, OSError) as exc:  # torch._dynamo's and inductor's errors among them
+            if isinstance(exc, torch.cuda.OutOfMemoryError):
+                raise
+            log(f"warning: the engine could not be compiled ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                f"running it uncompiled (--no-compile)")
+            config = engine_config(options.engine, device, deterministic=options.deterministic, precision=precision)
+            model = load_model(options.weights, n_expression=options.nclasses, device="cpu")  # changed in place
     engine = Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)), log=log)
+    return _logged(engine, model, options, runtime, device, log)
+
+
+def _logged(engine: Engine, model, options: ModelOptions, runtime: RuntimeConfig, device: torch.device,
+            log: Callable[[str], None]) -> Engine:
+    """The engine, once what it runs is said."""
     log(f"EmoNet ({model.n_expression} classes, {options.weights}) on {describe(runtime, device)}; "
         f"engine {engine.config.name}")
     if engine.config.precision == "bf16":
@@ -92,12 +125,13 @@ def build_pipeline(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16
 
 
 def engine_config(preset: str, device: torch.device, deterministic: bool = False,
-                  precision: str = "auto") -> EngineConfig:
+                  precision: str = "auto", compiled: bool = False) -> EngineConfig:
     """The engine configuration of an ``--engine`` preset (or ``auto``) and ``--precision`` on ``device``.
 
     ``auto`` is ``fast`` on a GPU with one batch shape (:data:`AUTO_BATCH`), so a crop's numbers do not
     depend on the job, and the exact fp32 network on a CPU, whatever the CPU (bf16 only when asked for), so a
-    result never depends on the CPU's features or the process count.
+    result never depends on the CPU's features or the process count. ``compiled``: ``auto`` on a GPU is
+    compiled for its one shape (:data:`AUTO_COMPILED_BATCH`), for a process that lives long enough to pay for it.
     """
     gpu_auto = preset == "auto" and device.type == "cuda" and not deterministic
     if preset == "auto":
@@ -105,6 +139,11 @@ def engine_config(preset: str, device: torch.device, deterministic: bool = False
     config = PRESETS[preset]
     if gpu_auto:
         config = replace(config, fixed_batch=AUTO_BATCH, check_batch=True, lanes=AUTO_LANES, background=True)
+        if compiled:
+            # One static graph for the one shape (no dynamic batch dimension, no side streams: the lanes are
+            # its streams); compiled code warms up before the first crop, not in the background.
+            config = replace(config, compile="default", dynamic_batch=False, streams=0,
+                             fixed_batch=AUTO_COMPILED_BATCH)
     if device.type == "cpu" and preset in ("eager", "fast"):
         # eager: exact, and 1.3x faster on the CPU. No warm-up: the CPU has nothing to autotune, and a
         # batch-16 warm-up would cost seconds.

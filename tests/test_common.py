@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from emonet.apps.common import add_model_arguments, model_options
-from emonet.build import AUTO_BATCH, build_engine, build_pipeline, engine_config
+from emonet.build import AUTO_BATCH, AUTO_COMPILED_BATCH, build_engine, build_pipeline, engine_config
 from emonet.runtime import DeviceError
 
 
@@ -92,6 +92,33 @@ def test_the_gpu_default_runs_one_batch_shape_and_explicit_modes_keep_their_buck
     assert engine_config("fast", gpu).fixed_batch == 0 and engine_config("compiled", gpu).fixed_batch == 0
     assert engine_config("auto", gpu, deterministic=True).precision == "fp32"
     assert engine_config("auto", torch.device("cpu")).fixed_batch == 0
+
+
+def test_a_long_lived_process_compiles_the_gpu_defaults_one_shape_and_nothing_else():
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")  # only the configuration is built
+    compiled = engine_config("auto", gpu, compiled=True)
+    plain = engine_config("auto", gpu)
+    assert compiled.compile == "default" and not compiled.dynamic_batch and compiled.streams == 0
+    # Still one checked batch shape, on the same lanes: a crop's numbers do not depend on the batch.
+    assert compiled.fixed_batch == AUTO_COMPILED_BATCH and compiled.check_batch and compiled.lanes == plain.lanes
+    assert compiled.precision == plain.precision == "fp16" and compiled.cuda_graphs
+    # Asked by name, the presets stay what they are; a CPU, or --deterministic, never compiles.
+    assert engine_config("fast", gpu, compiled=True) == engine_config("fast", gpu)
+    assert engine_config("auto", cpu, compiled=True) == engine_config("auto", cpu)
+    assert engine_config("auto", gpu, deterministic=True, compiled=True).compile is None
+
+
+def test_the_service_compiles_by_default_and_the_other_tools_never():
+    from emonet.apps.photo import parse_args as photo_args
+    from emonet.apps.serve import parse_args as serve_args
+
+    assert model_options(serve_args([])).compile is True
+    assert model_options(serve_args(["--no-compile"])).compile is False
+    assert model_options(photo_args(["--image", "x.jpg"])).compile is False
+    assert _args().compile is False
+    # On a CPU the option changes nothing: the exact fp32 network, uncompiled.
+    engine = build_engine(model_options(serve_args(["--weights", "random", "--device", "cpu"])), log=lambda _: None)
+    assert engine.config.compile is None and engine.config.precision == "fp32"
 
 
 @pytest.mark.parametrize("error, code", [("InputError", 2), ("OutputError", 3), ("HelperError", 4)])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 
 # Only light modules here: a tool's --help is printed before torch is imported (the model's modules are
@@ -28,8 +28,10 @@ def _score(text: str) -> float:
     return value
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) -> None:
-    """--weights, --nclasses, --device, --engine, cuDNN and determinism switches (and --detector)."""
+def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True,
+                        compile_help: Optional[str] = None) -> None:
+    """--weights, --nclasses, --device, --engine, cuDNN and determinism switches (and --detector); with
+    ``compile_help``, ``--compile/--no-compile`` (on by default) for a long-lived process."""
     g = parser.add_argument_group("model")
     g.add_argument("--weights", default="pretrained",
                    help="'pretrained' (the authors' weights; default), a checkpoint path, or 'random' (untrained: "
@@ -43,6 +45,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True) 
                    help="no cuDNN autotuning in the explicit --engine modes (the default never autotunes)")
     g.add_argument("--deterministic", action="store_true",
                    help="bit-reproducible results: deterministic algorithms, fp32, seeded")
+    if compile_help is not None:
+        g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True, help=compile_help)
     if detector:
         g.add_argument("--detector", default=DEFAULT_DETECTOR, choices=DETECTORS,
                        help="yunet (default, offline; one pass: small faces and faces the frame's edge cuts), "
@@ -60,7 +64,7 @@ def model_options(args: argparse.Namespace) -> "ModelOptions":
     return ModelOptions(weights=args.weights, nclasses=args.nclasses, device=args.device, engine=args.engine,
                         precision=args.precision, cudnn_benchmark=not args.no_cudnn_benchmark,
                         deterministic=args.deterministic, detector=getattr(args, "detector", DEFAULT_DETECTOR),
-                        min_score=getattr(args, "min_score", None))
+                        min_score=getattr(args, "min_score", None), compile=getattr(args, "compile", False))
 
 
 def run_tool(main: Callable[[], int]) -> int:

@@ -52,7 +52,7 @@ AUTO_BATCH = 16
 AUTO_LANES = 4  # the checked shape's graph replayed on 4 streams side by side: large batches 1.5x the crops/s
 # ``auto`` compiled (ModelOptions.compile, the service's default): the same one checked shape, through
 # torch.compile specialised to it (kept on disk, so a later start loads it). Its graph of 8 crops runs in about
-# 0.56x the time of the uncompiled one (docs/PERFORMANCE.md), which is what a GPU loop of many streams waits
+# half the time of the uncompiled one (docs/PERFORMANCE.md), which is what a GPU loop of many streams waits
 # for at every step; the first start compiles for tens of seconds. Its kernels are not the uncompiled ones, so
 # a crop's numbers differ from the other tools' by their rounding. The check starts at 8, as 16 gave a crop
 # other bits at other places in the batch with both engines on the GPU measured: checked first, it would cost
@@ -91,15 +91,27 @@ def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
                 raise RuntimeError("Triton is not installed")
             return _logged(Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)), log=log),
                            model, options, runtime, device, log)
-        except (RuntimeError, ImportError, OSError) as exc:  # torch._dynamo's and inductor's errors among them
-            if isinstance(exc, torch.cuda.OutOfMemoryError):
+        except Exception as exc:  # noqa: BLE001 - the compilers' errors have no common class; see _compiling_failed
+            if not _compiling_failed(exc):
                 raise
-            log(f"warning: the engine could not be compiled ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
-                f"running it uncompiled (--no-compile)")
+            log(f"warning: the engine could not be compiled ({type(exc).__name__}: "
+                f"{(str(exc).splitlines() or [''])[0][:200]}); running it uncompiled (--no-compile)")
             config = engine_config(options.engine, device, deterministic=options.deterministic, precision=precision)
-            model = load_model(options.weights, n_expression=options.nclasses, device="cpu")  # changed in place
     engine = Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)), log=log)
     return _logged(engine, model, options, runtime, device, log)
+
+
+def _compiling_failed(exc: BaseException) -> bool:
+    """Whether an error building the compiled engine is compiling's own, so that the uncompiled engine may run:
+    not a GPU out of memory (the uncompiled one needs as much) or a CUDA error, which leaves the device unusable,
+    wherever in the chain of causes they are."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, torch.cuda.OutOfMemoryError) or type(exc).__name__ == "AcceleratorError":
+            return False
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__ or exc.__context__
+    return True
 
 
 def _logged(engine: Engine, model, options: ModelOptions, runtime: RuntimeConfig, device: torch.device,
@@ -141,7 +153,8 @@ def engine_config(preset: str, device: torch.device, deterministic: bool = False
         config = replace(config, fixed_batch=AUTO_BATCH, check_batch=True, lanes=AUTO_LANES, background=True)
         if compiled:
             # One static graph for the one shape (no dynamic batch dimension, no side streams: the lanes are
-            # its streams); compiled code warms up before the first crop, not in the background.
+            # its streams). Compiled code warms up before the first crop (Engine: a compiled engine is not
+            # prepared in the background); the lanes' graphs are then captured behind it, as the default's are.
             config = replace(config, compile="default", dynamic_batch=False, streams=0,
                              fixed_batch=AUTO_COMPILED_BATCH)
     if device.type == "cpu" and preset in ("eager", "fast"):

@@ -91,6 +91,9 @@ def test_the_auto_mode_is_the_tools_gpu_default():
     (auto,) = [m for m in MODES if m.name == "auto"]
     assert "auto" in GPU_DEFAULT and not auto.cudnn_benchmark
     assert EngineConfig(**auto.engine) == engine_config("auto", torch.device("cuda", 0))
+    (served,) = [m for m in MODES if m.name == "auto-compiled"]
+    assert served.compiled and not served.cudnn_benchmark
+    assert EngineConfig(**served.engine) == engine_config("auto", torch.device("cuda", 0), compiled=True)
 
 
 def test_a_repeated_jobs_row_is_its_median_run_whose_columns_give_its_ratio():

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 import torch
 
 from emonet.apps.common import add_model_arguments, model_options
-from emonet.build import AUTO_BATCH, AUTO_COMPILED_BATCH, build_engine, build_pipeline, engine_config
+from emonet.build import AUTO_BATCH, AUTO_COMPILED_BATCH, ModelOptions, build_engine, build_pipeline, engine_config
 from emonet.runtime import DeviceError
 
 
@@ -145,3 +146,50 @@ def test_the_tools_print_help_without_importing_torch():
             "print('torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize("failure, falls_back", [
+    (RuntimeError("BackendCompilerFailed: backend='inductor' raised an error"), True),
+    (None, True),  # no Triton: not tried
+    ("oom", False),  # a GPU out of memory, wrapped by the compiler: the uncompiled engine needs as much
+    (KeyboardInterrupt(), False),
+])
+def test_where_compiling_fails_the_uncompiled_default_runs_saying_why_but_not_out_of_memory(
+        monkeypatch, failure, falls_back):
+    # No GPU here: the device, its set-up and the engine are stand-ins; what is tested is build_engine's choice.
+    import torch.utils._triton as triton
+
+    import emonet.build as build
+    from emonet.build import ModelOptions
+
+    if failure == "oom":
+        failure = RuntimeError("InductorError: compiling failed")
+        failure.__cause__ = torch.cuda.OutOfMemoryError("CUDA out of memory")
+    built, said = [], []
+
+    class Engine:
+        def __init__(self, model, device, config, log=None):
+            built.append(config)
+            if config.compile and failure is not None:
+                raise failure
+            self.config, self.untrained = config, False
+
+    monkeypatch.setattr(build, "Engine", Engine)
+    monkeypatch.setattr(build, "select_device", lambda *a, **k: torch.device("cuda", 0))
+    monkeypatch.setattr(build, "configure", lambda runtime: None)
+    monkeypatch.setattr(build, "describe", lambda runtime, device: "cuda:0")
+    monkeypatch.setattr(triton, "has_triton", lambda: failure is not None)
+    options = ModelOptions(weights="random", compile=True)
+    if not falls_back:
+        with pytest.raises(type(failure)):
+            build.build_engine(options, log=said.append)
+        return
+    engine = build.build_engine(options, log=said.append)
+    plain = build.engine_config("auto", torch.device("cuda", 0))  # the uncompiled default, asked for three sizes
+    assert engine.config == dataclasses.replace(plain, batch_sizes=(1, 4, 16))
+    assert engine.config.compile is None and engine.config.fixed_batch == AUTO_BATCH
+    assert built[0].compile == "default" if failure is not None else len(built) == 1
+    (warning,) = [line for line in said if line.startswith("warning: the engine could not be compiled")]
+    assert ("Triton is not installed" if failure is None else "BackendCompilerFailed") in warning
+    assert warning.endswith("running it uncompiled (--no-compile)")
+

@@ -96,6 +96,20 @@ def test_an_unreadable_artifact_is_reported_replaced_and_recompiled(tmp_path, ca
     assert not (folder / "broken.bin").exists() and len(list(folder.glob("*.bin"))) == 1
 
 
+def test_a_folder_that_cannot_be_written_costs_the_saving_not_the_compiled_function(tmp_path):
+    taken = tmp_path / "a-file"
+    taken.write_text("not a folder")
+    (a,) = blocks(1)
+    lines = []
+    p = precompile.Precompiled(run_block, taken / "block", log=lines.append)
+    with torch.inference_mode():
+        x = torch.randn(1, 4, 8, 8)
+        assert torch.allclose(p(a, x), a(x), atol=1e-5)
+        assert torch.allclose(p(a, x), a(x), atol=1e-5)  # kept in this process: compiled once
+    assert p.compiled == 1
+    assert len(lines) == 1 and "could not be saved" in lines[0] and "the next start compiles again" in lines[0]
+
+
 def test_without_a_folder_it_is_plain_torch_compile():
     wrap = precompile.compiler(None)
     (a,) = blocks(1)

@@ -68,10 +68,11 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     limits.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=True,
                         help="temporal smoothing per face in streams (default: on)")
     add_model_arguments(parser, compile_help=(
-        "with --engine auto on a GPU: its one batch shape compiled by torch.compile (one answer per crop in any "
-        "batch, its graph of 8 crops in about 0.56x the time), so many streams wait less; the first start "
-        "compiles for tens of seconds, later ones load the result from $EMONET_HOME (default ~/.cache/emonet). "
-        "Its kernels round differently: --no-compile gives emonet-video's numbers for a crop (default: on)"))
+        "with --engine auto on a GPU (not --deterministic): its one batch shape compiled by torch.compile (one "
+        "answer per crop in any batch; on the H200 measured, its graph of 8 crops in about half the time), so "
+        "many streams wait less; the first start compiles for tens of seconds, later ones load the result from "
+        "$EMONET_HOME (default ~/.cache/emonet) where this torch can save it. Its kernels round differently: "
+        "--no-compile gives emonet-video's numbers for a crop (default: on)"))
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be between 0 and 65535, not {args.port}")

@@ -51,6 +51,12 @@ MODES = [
                  "captured in the background",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "cuda_graphs": True, "fixed_batch": 16,
           "check_batch": True, "lanes": 4, "background": True}, cudnn_benchmark=False),
+    # The service's GPU default (engine_config("auto", ..., compiled=True); tests/test_bench.py holds them together).
+    Mode("auto-compiled", "the service's GPU default (emonet-serve --compile): auto's one checked shape, from 8, "
+                          "compiled for it by torch.compile (static shape, no side streams), on 4 streams",
+         {"precision": "fp16", "channels_last": True, "fold_bn": True, "cuda_graphs": True, "fixed_batch": 8,
+          "check_batch": True, "lanes": 4, "background": True, "compile": "default", "dynamic_batch": False,
+          "streams": 0}, cudnn_benchmark=False, compiled=True),
     Mode("fp16-graph-nobench", "fp16-graph with cudnn.benchmark off",
          {"precision": "fp16", "channels_last": True, "fold_bn": True, "cuda_graphs": True},
          cudnn_benchmark=False),

@@ -77,10 +77,14 @@ class Precompiled:
             self.mark(args)
         with torch._dynamo.config.patch(enable_aot_compile=True):
             entry = torch.compile(self.fn, **self.options).aot_compile((args, {}))
-        data = type(entry).serialize(entry).serialized_data
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path = self.folder / f"{hashlib.sha1(data).hexdigest()[:16]}.bin"
-        write_bytes(path, data)  # another process sees a whole artifact or none
+        try:
+            data = type(entry).serialize(entry).serialized_data
+            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = self.folder / f"{hashlib.sha1(data).hexdigest()[:16]}.bin"
+            write_bytes(path, data)  # another process sees a whole artifact or none
+        except Exception as exc:  # noqa: BLE001 - a folder not writable, say: compiled all the same, not kept
+            self._log(f"compile cache: the compiled code could not be saved in {self.folder} "
+                      f"({type(exc).__name__}: {exc}); the next start compiles again")
         entry.disable_guard_check()
         self.compiled += 1
         return entry

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 EXAMPLES = """examples:
   %(prog)s --weights random                      # http://127.0.0.1:8000/ : the webcam page
   %(prog)s --host 0.0.0.0 --port 8080 --max-streams 32
+  %(prog)s --no-compile                          # no compiling at start; emonet-video's numbers for a face
   curl -F image=@photo.jpg http://127.0.0.1:8000/v1/analyze
   curl http://127.0.0.1:8000/health ; curl http://127.0.0.1:8000/metrics
 

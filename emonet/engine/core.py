@@ -308,6 +308,11 @@ class Engine:
     def warmup(self, dtype_in: torch.dtype = torch.uint8) -> float:
         """Run every configured batch size once so real frames do not pay autotuning; returns ms."""
         t0 = time.perf_counter()
+        if self._compiled and self.config.background and self._lane_streams:
+            # Compiled (or loaded) here, before any lane's capture in the background calls the same function:
+            # two threads must not compile it at once.
+            for batch in self.config.batch_sizes:
+                self._run_eager(torch.zeros(batch, 3, 256, 256, dtype=dtype_in, device=self.device))
         for batch in sorted(self.config.batch_sizes, reverse=True):  # largest first: see _capture
             slices = max(1, len(self._lane_streams))  # a slice for every lane: each captures its graph
             self(torch.zeros(batch * slices, 3, 256, 256, dtype=dtype_in, device=self.device))

@@ -81,6 +81,7 @@ def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
     if precision == "fp16" and device.type != "cuda":
         raise DeviceError("--precision fp16 needs a GPU; on a CPU use fp32 (exact) or bf16")
     model = load_model(options.weights, n_expression=options.nclasses, device="cpu")
+    engine = None
     if config.compile and options.compile and options.engine == "auto":
         # Asked for by default (the service), not by name: where compiling cannot be had or fails, the
         # uncompiled default runs, saying why, rather than the service not starting.
@@ -89,16 +90,22 @@ def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
 
             if not has_triton():
                 raise RuntimeError("Triton is not installed")
-            return _logged(Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)), log=log),
-                           model, options, runtime, device, log)
+            engine = Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)), log=log)
         except Exception as exc:  # noqa: BLE001 - the compilers' errors have no common class; see _compiling_failed
             if not _compiling_failed(exc):
                 raise
             log(f"warning: the engine could not be compiled ({type(exc).__name__}: "
                 f"{(str(exc).splitlines() or [''])[0][:200]}); running it uncompiled (--no-compile)")
             config = engine_config(options.engine, device, deterministic=options.deterministic, precision=precision)
-    engine = Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)), log=log)
-    return _logged(engine, model, options, runtime, device, log)
+    if engine is None:
+        engine = Engine(model, device, replace(config, batch_sizes=tuple(batch_sizes)), log=log)
+    log(f"EmoNet ({model.n_expression} classes, {options.weights}) on {describe(runtime, device)}; "
+        f"engine {engine.config.name}")
+    if engine.config.precision == "bf16":
+        log(f"note: {BF16_NOTE}")
+    if engine.untrained:
+        log(f"warning: {UNTRAINED_LABEL}")
+    return engine
 
 
 def _compiling_failed(exc: BaseException) -> bool:
@@ -112,18 +119,6 @@ def _compiling_failed(exc: BaseException) -> bool:
             return False
         exc = getattr(exc, "inner_exception", None) or exc.__cause__ or exc.__context__
     return True
-
-
-def _logged(engine: Engine, model, options: ModelOptions, runtime: RuntimeConfig, device: torch.device,
-            log: Callable[[str], None]) -> Engine:
-    """The engine, once what it runs is said."""
-    log(f"EmoNet ({model.n_expression} classes, {options.weights}) on {describe(runtime, device)}; "
-        f"engine {engine.config.name}")
-    if engine.config.precision == "bf16":
-        log(f"note: {BF16_NOTE}")
-    if engine.untrained:
-        log(f"warning: {UNTRAINED_LABEL}")
-    return engine
 
 
 def build_pipeline(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),

@@ -160,7 +160,6 @@ def test_where_compiling_fails_the_uncompiled_default_runs_saying_why_but_not_ou
     import torch.utils._triton as triton
 
     import emonet.build as build
-    from emonet.build import ModelOptions
 
     if failure == "oom":
         failure = RuntimeError("InductorError: compiling failed")
@@ -192,4 +191,3 @@ def test_where_compiling_fails_the_uncompiled_default_runs_saying_why_but_not_ou
     (warning,) = [line for line in said if line.startswith("warning: the engine could not be compiled")]
     assert ("Triton is not installed" if failure is None else "BackendCompilerFailed") in warning
     assert warning.endswith("running it uncompiled (--no-compile)")
-

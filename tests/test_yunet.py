@@ -160,6 +160,24 @@ def test_missing_weights_are_one_clear_error(tmp_path):
         YuNetDetector("cpu", weights=tmp_path / "nope.pth")
 
 
+def test_the_network_with_its_batchnorms_folded_gives_the_same_points():
+    # The GPU runs the folded network: no BatchNorm left, the points of the network up to fp32 rounding (its boxes
+    # are in input pixels, up to some 500 here), the network it was folded from untouched.
+    from emonet.detection.yunet_net import folded
+
+    net = YuNetDetector("cpu", verify=False).net
+    photo = read_image(SAMPLE_PHOTO)[:480, :480]
+    x = torch.from_numpy(np.ascontiguousarray(photo[..., ::-1])).permute(2, 0, 1)[None].float()
+    fused = folded(net)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in fused.modules())
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules()) == 18
+    with torch.inference_mode():
+        a, b = net(x), fused(x)
+    np.testing.assert_allclose(b[..., 0], a[..., 0], atol=1e-5)      # scores
+    np.testing.assert_allclose(b[..., 1:], a[..., 1:], atol=1e-3)    # boxes and landmarks, px
+    assert a[..., 0].max() > 0.9                                     # the photo's face is among the points
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_the_gpu_finds_what_the_cpu_finds_eagerly_as_graphs_and_from_tensors_there():
     photo = read_image(SAMPLE_PHOTO)

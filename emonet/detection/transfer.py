@@ -8,11 +8,18 @@ import numpy as np
 import torch
 
 
+def frames_to(device: torch.device, images: Sequence[Union[np.ndarray, torch.Tensor]]) -> list[torch.Tensor]:
+    """Images as ``(H, W, 3)`` tensors on ``device``: host images uploaded as they are, those there kept."""
+    return [image if torch.is_tensor(image) and image.device == device else
+            (image if torch.is_tensor(image) else torch.from_numpy(np.ascontiguousarray(image))).to(device,
+                                                                                                   non_blocking=True)
+            for image in images]
+
+
 def frames_on(device: torch.device, images: Sequence[Union[np.ndarray, torch.Tensor]]) -> torch.Tensor:
     """Images of one size as one ``(B, 3, H, W)`` float batch on ``device`` (host images uploaded as they are,
     without a copy on the host first)."""
-    frames = [(image if image.device == device else image.to(device, non_blocking=True)) if torch.is_tensor(image)
-              else torch.from_numpy(np.ascontiguousarray(image)).to(device, non_blocking=True) for image in images]
+    frames = frames_to(device, images)
     frames = torch.stack(frames) if len(frames) > 1 else frames[0][None]
     return frames.permute(0, 3, 1, 2).float()
 

@@ -26,8 +26,8 @@ from .base import DetectorError, FaceDetector
 from .close_look import CloseLook, Looking, best_first
 from .decoding import merge_detections
 from .graph_policy import graph_worth_it, pad_rows, padded_count, powers_of_two
-from .transfer import frames_on, to_host
-from .yunet_net import CELL, YuNet
+from .transfer import frames_on, frames_to, to_host
+from .yunet_net import CELL, YuNet, folded
 
 WEIGHTS = Path(__file__).resolve().parent / "yunet.pth"
 # A 1080p frame at half size: a 40-px face is 20 px there, over the network's ~10 px floor. At 1,280 a 30-px face is
@@ -52,7 +52,14 @@ NMS_IOU = 0.3            # as OpenCV's FaceDetectorYN samples use it
 REFERENCE_SCALE = 210.0
 SHIFT = 0.016
 TOP_K = 256              # points per image sent to the host, best first (a crowd's faces, each seen by a few)
+# Images of one size a network call, on a GPU. On the CPU an image runs alone: oneDNN picks a convolution's
+# algorithm by the batch's size, which rounds an image's numbers differently beside others (seen on CPUs with AVX2
+# only), and an image's faces must not depend on what it came with; batching gains little there.
 MAX_BATCH = 16
+# On a GPU the network runs with its 18 BatchNorms folded into its convolutions (18 kernels a call fewer, the same
+# kernels otherwise): fp32 and NCHW, as on the CPU. In fp16 or channels-last its depthwise convolutions
+# run in cuDNN's kernels: each new input size and batch then costs seconds of plan building before its first
+# frame, for a fraction of a millisecond a batch after it (measured: see docs/PERFORMANCE.md, YuNet).
 
 
 def input_geometry(shape: tuple,
@@ -108,7 +115,10 @@ class YuNetDetector(FaceDetector):
         self.queues = self.device.type == "cuda"
         self.net = YuNet()
         self.net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-        self.net.to(self.device).eval()
+        self.net.eval()
+        if self.queues:  # see the note at MAX_BATCH
+            self.net = folded(self.net)
+        self.net.to(self.device)
         self.verify = verify
         self.min_score = DEFAULT_MIN_SCORE if min_score is None else float(min_score)
         self.max_side = int(max_side)
@@ -131,13 +141,16 @@ class YuNetDetector(FaceDetector):
     def launch(self, images: Sequence[Union[np.ndarray, torch.Tensor]],
                small: Optional[Sequence[bool]] = None) -> Proposed:
         """Queue the network over the images (every face is looked for every time: ``small`` is not needed)."""
+        if self.queues:  # host images uploaded once, for the network and the close look
+            images = frames_to(self.device, images)
         groups: dict[tuple, list[int]] = {}
         for i, image in enumerate(images):
             groups.setdefault(tuple(image.shape[:2]), []).append(i)
         parts = []
+        most = MAX_BATCH if self.queues else 1
         for shape, members in groups.items():
-            for start in range(0, len(members), MAX_BATCH):
-                chunk = members[start:start + MAX_BATCH]
+            for start in range(0, len(members), most):
+                chunk = members[start:start + most]
                 parts.append(Part(chunk, shape, *self._launch([images[i] for i in chunk], shape)))
         return Proposed(parts, len(images), images if self.verify else None)
 

@@ -52,6 +52,14 @@ def test_photo_benchmark_times_every_way_in_fresh_processes():
     assert "- demo.py (YuNet, the default), run 1: first result" in text
 
 
+def test_a_way_that_fails_is_said_failed_with_its_reason_never_timed(tmp_path):
+    from emonet.bench.run import photo_benchmark
+    text = photo_benchmark(str(tmp_path / "missing.jpg"), "cpu", repeat=1, crops=2)
+    assert "| demo.py (YuNet, the default) | failed | failed | — |" in text
+    assert "- demo.py (YuNet, the default) failed (exit 2: error:" in text and "missing.jpg" in text
+    assert "| 2 tight crops: demo.py --detector none | " in text and "nan" not in text
+
+
 def test_a_long_clip_is_the_short_one_repeated_with_every_frame_in_time(tmp_path):
     import av
     from emonet.bench.run import make_clip, repeat_clip

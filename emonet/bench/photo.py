@@ -64,6 +64,7 @@ def photo_benchmark(photo: Optional[str], device: str, repeat: int = 2, crops: i
                 ("a process that only imports torch and touches the device", None)]
         times: dict[str, list[float]] = {name: [] for name, _ in ways}
         first: dict[str, list[str]] = {name: [] for name, _ in ways}
+        failed: dict[str, str] = {}  # a way's last failure: its exit status and last line of output
         for _ in range(repeat):
             for name, cmd in ways:  # alternating: each round runs every way once
                 if cmd is None:
@@ -73,6 +74,9 @@ def photo_benchmark(photo: Optional[str], device: str, repeat: int = 2, crops: i
                 t = time.perf_counter()
                 proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
                 times[name].append(time.perf_counter() - t if proc.returncode == 0 else float("nan"))
+                if proc.returncode != 0:
+                    said = (proc.stderr.strip() or proc.stdout.strip() or "(no output)").splitlines()[-1]
+                    failed[name] = f"exit {proc.returncode}: {said}"
                 line = re.search(r"first result .*", proc.stderr)
                 if line:
                     first[name].append(line.group(0))
@@ -81,10 +85,15 @@ def photo_benchmark(photo: Optional[str], device: str, repeat: int = 2, crops: i
              "| one photo, process start to exit | " + " | ".join(f"run {k + 1}" for k in range(repeat))
              + " | median | vs floor |", "|---|" + "---|" * (repeat + 2)]
     for name, _ in ways:
+        if any(t != t for t in times[name]):  # NaN: a run failed, so no median of it is reported
+            lines.append(f"| {name} | " + " | ".join("failed" if t != t else f"{t:.2f} s" for t in times[name])
+                         + " | failed | — |")
+            continue
         mid = statistics.median(times[name])
         lines.append(f"| {name} | " + " | ".join(f"{t:.2f} s" for t in times[name])
                      + f" | {mid:.2f} s | {mid / floor_s:.2f}× |")
     lines.append("")
+    lines += [f"- {name} failed ({why})" for name, why in failed.items()]
     for name, _ in ways:
         lines += [f"- {name}, run {k + 1}: {text}" for k, text in enumerate(first[name])]
     return "\n".join(lines)

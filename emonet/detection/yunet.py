@@ -59,7 +59,8 @@ MAX_BATCH = 16
 # On a GPU the network runs with its 18 BatchNorms folded into its convolutions (18 kernels a call fewer, the same
 # kernels otherwise): fp32 and NCHW, as on the CPU. In fp16 or channels-last its depthwise convolutions
 # run in cuDNN's kernels: each new input size and batch then costs seconds of plan building before its first
-# frame, for a fraction of a millisecond a batch after it (measured: see docs/PERFORMANCE.md, YuNet).
+# frame, for a fraction of a millisecond a batch after it (measured: docs/PERFORMANCE.md, "On the GPU: BatchNorms
+# folded").
 
 
 def input_geometry(shape: tuple,

@@ -85,7 +85,7 @@ def photo_benchmark(photo: Optional[str], device: str, repeat: int = 2, crops: i
              "| one photo, process start to exit | " + " | ".join(f"run {k + 1}" for k in range(repeat))
              + " | median | vs floor |", "|---|" + "---|" * (repeat + 2)]
     for name, _ in ways:
-        if any(t != t for t in times[name]):  # NaN: a run failed, so no median of it is reported
+        if name in failed:  # no median of a way with a failed run
             lines.append(f"| {name} | " + " | ".join("failed" if t != t else f"{t:.2f} s" for t in times[name])
                          + " | failed | — |")
             continue

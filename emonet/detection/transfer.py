@@ -10,10 +10,8 @@ import torch
 
 def frames_to(device: torch.device, images: Sequence[Union[np.ndarray, torch.Tensor]]) -> list[torch.Tensor]:
     """Images as ``(H, W, 3)`` tensors on ``device``: host images uploaded as they are, those there kept."""
-    return [image if torch.is_tensor(image) and image.device == device else
-            (image if torch.is_tensor(image) else torch.from_numpy(np.ascontiguousarray(image))).to(device,
-                                                                                                   non_blocking=True)
-            for image in images]
+    return [(image if torch.is_tensor(image) else torch.from_numpy(np.ascontiguousarray(image))).to(
+        device, non_blocking=True) for image in images]  # (a tensor already there is returned as it is)
 
 
 def frames_on(device: torch.device, images: Sequence[Union[np.ndarray, torch.Tensor]]) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """The video runtime's runner (emonet.video.runner), driven directly: in-memory sources, collecting sinks."""
 import ast
 import csv
+import statistics
 from pathlib import Path
 
 import cv2
@@ -13,6 +14,7 @@ from emonet.errors import HelperError, InputError
 from emonet.results import FrameFaces, frame_fields, frame_row
 from emonet.video import (ArraySource, CallbackSink, PipelineLoader, RowSink, StopToken, VideoConfig, VideoInput,
                           VideoRun, run_video, run_videos)
+from emonet.video.runner import steady_rate
 
 from .test_video import SAMPLE_PHOTO, demo_video, make_clip
 
@@ -59,6 +61,16 @@ def test_frames_go_to_the_sinks_and_come_out_in_order_with_stable_ids(face, conf
     assert all(np.isnan(f.faces[0].score) != f.faces[0].detected for f in yielded[:9])
     run = runs[0]
     assert run.closed and not run.interrupted and run.error is None and run.frames == 12 and run.faces == 9
+    # The wall clock's steady state: one interval between each chunk's results and the next's (12 frames, chunks
+    # of 4: two), each of the later chunk's frames.
+    assert [frames for _, frames in run.intervals] == [4, 4] and all(s > 0 for s, _ in run.intervals)
+    assert steady_rate(run.intervals) == pytest.approx(1 / statistics.median([s / 4 for s, _ in run.intervals]))
+
+
+def test_the_steady_rate_is_the_median_time_a_frame_took_between_chunks_results():
+    assert steady_rate([]) is None  # one chunk: nothing to measure between two
+    # A slow first interval (the warm-up) does not move the median; a short last chunk counts per frame.
+    assert steady_rate([(0.5, 4), (0.1, 2), (0.2, 4), (0.2, 4)]) == pytest.approx(20.0)
 
 
 def test_a_chunks_results_are_handed_out_after_the_next_chunk_is_queued(face, config, loader, monkeypatch):

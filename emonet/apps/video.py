@@ -114,6 +114,7 @@ def rows_sidecar(rows: str, source: str, run: "VideoRun") -> Path:
 def report(run: "VideoRun", config: "VideoConfig") -> None:
     """How a video's run went: frames, speed, time by stage, CPU, outputs (standard error)."""
     from ..video.config import STAGES
+    from ..video.runner import steady_rate
 
     err = sys.stderr
     wall, frames = run.wall, run.frames
@@ -143,6 +144,10 @@ def report(run: "VideoRun", config: "VideoConfig") -> None:
             print(f"{what}: {path}", file=err)
     print(run.timer.summary().format(f"track, crop and queue EmoNet per batch (up to {config.batch_size} frames)",
                                      "frame"), file=err)
+    rate = steady_rate(run.intervals)
+    if rate is not None:
+        print(f"  wall clock      {rate:9.1f} frames/s (steady state: the median time between two batches' results, "
+              f"all stages and waits included)", file=err)
     ending = run.source.ending
     if ending is not None and ending.dropped:
         print(f"note: {ending.dropped} frames of the live source were dropped (read as they came while the "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import resource
 import signal
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -133,6 +134,10 @@ class VideoRun:
         self.video_path: Optional[Path] = None     # the annotated video, if one was written
         self.drawn: Optional[DrawnVideo] = None    # how its drawing and encoding went
         self.wall = 0.0                            # seconds from the first frame to the end
+        # (seconds, frames) from one chunk's results handed out to the next's: the wall clock's steady state, which
+        # the engine's timer (its batches' GPU time) is not where the host waits on other work
+        self.intervals: list[tuple[float, int]] = []
+        self._last_out: Optional[float] = None
         self.cpu: dict[str, float] = {}            # CPU-seconds meanwhile: this process, decoding, drawing, encoding
         self._keep_pixels = any(s.keeps_frames for s in self.sinks)
         self._cpu0 = _cpu_seconds()  # before the sinks open: their processes' CPU is counted from here
@@ -186,6 +191,10 @@ class VideoRun:
         self.seconds["results"] += time.perf_counter() - t1
         self.frames += len(frames)
         self.faces += sum(len(faces) for faces in per_frame)
+        now = time.perf_counter()
+        if self._last_out is not None:
+            self.intervals.append((now - self._last_out, len(frames)))
+        self._last_out = now
         if not self._keep_pixels:
             for frame in frames:
                 frame.pixels = frame.ready = None  # done with: free the GPU copy now
@@ -234,6 +243,13 @@ class VideoRun:
         self.cpu = {"this process": own, "decoding": children, "drawing": drawing, "encoding": encoding}
         self.wall = time.perf_counter() - self._wall0
         return self
+
+
+def steady_rate(intervals: list[tuple[float, int]]) -> Optional[float]:
+    """Frames a second at the wall clock's steady state: the median time a frame took between two chunks' results
+    (``(seconds, frames)`` each, :attr:`VideoRun.intervals`), inverted; None with no interval."""
+    per_frame = [seconds / frames for seconds, frames in intervals if frames]
+    return 1.0 / statistics.median(per_frame) if per_frame and statistics.median(per_frame) > 0 else None
 
 
 def _chunks(frames: Source, size: int) -> Iterator[list[Frame]]:

@@ -386,6 +386,25 @@ def test_merged_views_keep_a_face_once_the_best_box():
     assert merge_detections([np.zeros((0, 5))]).shape == (0, 5)
 
 
+def test_many_images_suppressed_at_once_keep_what_each_alone_keeps():
+    from emonet.detection.decoding import merge_detections, suppress_sorted
+
+    rng = np.random.default_rng(3)
+    counts = np.array([0, 1, 5, 12, 30])  # clusters of overlapping boxes, as a detector's points around faces
+    boxes = np.zeros((len(counts), counts.max(), 4))
+    for b, n in enumerate(counts):
+        centres = rng.uniform(50, 400, (3, 2))[rng.integers(0, 3, n)] + rng.normal(0, 6, (n, 2))
+        sides = rng.uniform(20, 60, (n, 1))
+        boxes[b, :n] = np.concatenate([centres - sides / 2, centres + sides / 2], axis=1)
+    kept = suppress_sorted(boxes, counts, 0.3)
+    assert not kept[0].any() and kept[1].tolist() == [True] + [False] * (counts.max() - 1)
+    for b, n in enumerate(counts[1:], 1):
+        scores = np.linspace(0.99, 0.5, n)[:, None]  # best first
+        alone = merge_detections([np.concatenate([boxes[b, :n], scores], axis=1)], 0.3)
+        np.testing.assert_array_equal(boxes[b][kept[b]], alone[:, :4])
+        assert not kept[b, n:].any() and 1 <= kept[b].sum() < n or n == 1
+
+
 def test_fine_view_sizes_run_as_graphs_from_their_second_time_and_only_a_few():
     detector = BlazeFaceDetector("cpu")
     assert detector._graph_worth_it((256, 256))

@@ -24,7 +24,7 @@ from torch.nn import functional as F
 from ..engine.graphs import Graphs, capture_graph
 from .base import DetectorError, FaceDetector
 from .close_look import CloseLook, Looking, best_first
-from .decoding import merge_detections
+from .decoding import suppress_sorted
 from .graph_policy import graph_worth_it, pad_rows, padded_count, powers_of_two
 from .transfer import frames_on, frames_to, to_host
 from .yunet_net import CELL, YuNet, folded
@@ -185,19 +185,28 @@ class YuNetDetector(FaceDetector):
             if done is not None:
                 done.synchronize()
             rows = rows.numpy()
+            # Each image's points from ``least`` first, in their order (best first), ``counts`` of them.
+            passed = rows[:, :, 0] >= least
+            counts = passed.sum(axis=1)
+            most = int(counts.max()) if len(counts) else 0
+            if not most:
+                continue
+            order = np.argsort(~passed, axis=1, kind="stable")[:, :most]
+            rows = np.take_along_axis(rows, order[:, :, None], axis=1).astype(np.float64)
+            # Non-maximum suppression in the network's pixels (every image of the part at once), then into the
+            # image's.
+            kept = suppress_sorted(rows[:, :, 1:5], counts, NMS_IOU)
+            boxes = rows[:, :, 1:5] / np.tile(scale, 2)
+            columns = [boxes, rows[:, :, :1]]
+            if edge:
+                h, w = shape[:2]
+                m = AT_EDGE * max(h, w)
+                cut = (boxes[..., 0] < m) | (boxes[..., 1] < m) | (boxes[..., 2] > w - m) | (boxes[..., 3] > h - m)
+                columns.append(cut[..., None].astype(np.float64))
+            found = np.concatenate(columns, axis=2)
             for k, i in enumerate(members):
-                found = rows[k][rows[k, :, 0] >= least].astype(np.float64)
-                if not len(found):
-                    continue
-                # Non-maximum suppression in the network's pixels, then into the image's.
-                found = merge_detections([np.concatenate([found[:, 1:5], found[:, :1]], axis=1)], NMS_IOU)
-                boxes = found[:, :4] / np.tile(scale, 2)
-                out[i] = np.concatenate([boxes, found[:, 4:]], axis=1)
-                if edge:
-                    h, w = shape[:2]
-                    m = AT_EDGE * max(h, w)
-                    cut = (boxes[:, 0] < m) | (boxes[:, 1] < m) | (boxes[:, 2] > w - m) | (boxes[:, 3] > h - m)
-                    out[i] = np.concatenate([out[i], cut[:, None].astype(np.float64)], axis=1)
+                if counts[k]:
+                    out[i] = found[k][kept[k]]
         return out
 
     def _launch(self, images: Sequence[Union[np.ndarray, torch.Tensor]], shape: tuple) -> tuple:

@@ -134,8 +134,8 @@ class VideoRun:
         self.video_path: Optional[Path] = None     # the annotated video, if one was written
         self.drawn: Optional[DrawnVideo] = None    # how its drawing and encoding went
         self.wall = 0.0                            # seconds from the first frame to the end
-        # (seconds, frames) from one chunk's results handed out to the next's: the wall clock's steady state, which
-        # the engine's timer (its batches' GPU time) is not where the host waits on other work
+        # (seconds, frames) from one chunk's results handed out to the next's: the wall clock's steady state (the
+        # engine's timer holds its batches' GPU time only, not the host's waits for other work)
         self.intervals: list[tuple[float, int]] = []
         self._last_out: Optional[float] = None
         self.cpu: dict[str, float] = {}            # CPU-seconds meanwhile: this process, decoding, drawing, encoding

@@ -113,15 +113,7 @@ def suppress_sorted(boxes: np.ndarray, counts: np.ndarray, iou: float = 0.3) -> 
     ``x1, y1, x2, y2``, of which image ``b`` has its first ``counts[b]``. Returns ``(B, M)``: which are kept (a box
     is left out only by one kept before it that overlaps it by more than ``iou``, as :func:`merge_detections`)."""
     b, m = boxes.shape[:2]
-    w = np.clip(np.minimum(boxes[:, :, None, 2], boxes[:, None, :, 2])
-                - np.maximum(boxes[:, :, None, 0], boxes[:, None, :, 0]), 0, None)
-    h = np.clip(np.minimum(boxes[:, :, None, 3], boxes[:, None, :, 3])
-                - np.maximum(boxes[:, :, None, 1], boxes[:, None, :, 1]), 0, None)
-    inter = w * h
-    areas = (boxes[:, :, 2] - boxes[:, :, 0]) * (boxes[:, :, 3] - boxes[:, :, 1])
-    union = areas[:, :, None] + areas[:, None, :] - inter
-    with np.errstate(divide="ignore", invalid="ignore"):
-        overlaps = np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0) > iou
+    overlaps = _iou_matrix(boxes) > iou
     covered = np.arange(m)[None, :] >= np.asarray(counts)[:, None]  # past an image's boxes: never kept
     kept = np.zeros((b, m), bool)
     for i in range(m):  # the images side by side, box by box
@@ -132,11 +124,12 @@ def suppress_sorted(boxes: np.ndarray, counts: np.ndarray, iou: float = 0.3) -> 
 
 
 def _iou_matrix(boxes: np.ndarray) -> np.ndarray:
-    """IoU of every pair of ``x1, y1, x2, y2`` boxes (0 where the union is empty)."""
-    w = np.clip(np.minimum(boxes[:, None, 2], boxes[None, :, 2]) - np.maximum(boxes[:, None, 0], boxes[None, :, 0]), 0, None)
-    h = np.clip(np.minimum(boxes[:, None, 3], boxes[None, :, 3]) - np.maximum(boxes[:, None, 1], boxes[None, :, 1]), 0, None)
+    """IoU of every pair of ``x1, y1, x2, y2`` boxes ``(..., M, 4)`` -> ``(..., M, M)`` (0 where the union is empty)."""
+    first, second = boxes[..., :, None, :], boxes[..., None, :, :]
+    w = np.clip(np.minimum(first[..., 2], second[..., 2]) - np.maximum(first[..., 0], second[..., 0]), 0, None)
+    h = np.clip(np.minimum(first[..., 3], second[..., 3]) - np.maximum(first[..., 1], second[..., 1]), 0, None)
     inter = w * h
-    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    union = areas[:, None] + areas[None, :] - inter
+    areas = (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+    union = areas[..., :, None] + areas[..., None, :] - inter
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)

@@ -249,7 +249,8 @@ def steady_rate(intervals: list[tuple[float, int]]) -> Optional[float]:
     """Frames a second at the wall clock's steady state: the median time a frame took between two chunks' results
     (``(seconds, frames)`` each, :attr:`VideoRun.intervals`), inverted; None with no interval."""
     per_frame = [seconds / frames for seconds, frames in intervals if frames]
-    return 1.0 / statistics.median(per_frame) if per_frame and statistics.median(per_frame) > 0 else None
+    middle = statistics.median(per_frame) if per_frame else 0.0
+    return 1.0 / middle if middle > 0 else None
 
 
 def _chunks(frames: Source, size: int) -> Iterator[list[Frame]]:

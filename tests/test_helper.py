@@ -7,13 +7,14 @@ from emonet.io.helper import died, start_helper
 
 def test_a_helper_ignores_ctrl_c_and_finishes_when_its_input_closes():
     proc = start_helper("emonet.summary:serve_plots")  # the plotting helper: reads messages until stdin closes
+    proc.send_signal(signal.SIGINT)  # at once: long before the interpreter runs its first statement
+    proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 60
-    while not _ignores_sigint(proc.pid):  # its first statement: wait for it, however slow the start
+    while not _ignores_sigint(proc.pid):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
     time.sleep(0.3)
-    assert proc.poll() is None  # Ctrl-C is the parent's to handle
+    assert proc.poll() is None  # Ctrl-C and a stop to the whole job are the parent's to handle
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0
 

@@ -316,16 +316,18 @@ data = CropSet(np.zeros((n, 8, 8, 3), np.uint8), np.zeros(n, np.int64), np.zeros
 reader = Reader(data, [np.arange(4) + i % 12 for i in range(100_000)], workers=2)
 """
 
-READING_THROUGH_A_STOP = READER + """
+READING_THROUGH_A_STOP = """
+import signal, time
 stopped = []
 signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))  # as the trainer does: finish the step, save
-next(reader)
-print("reading", flush=True)
-while not stopped:
-    next(reader)
-    time.sleep(0.01)
-after = sum(1 for _, batch in zip(range(20), reader))  # the reading goes on after the stop
-reader.close()
+""" + READER + """
+try:
+    print("reading", flush=True)  # the stop comes while the reading processes may still be starting
+    while not stopped:
+        time.sleep(0.001)
+    after = sum(1 for _, batch in zip(range(20), reader))  # the reading goes on after the stop
+finally:
+    reader.close()
 print("read after the stop:", after, flush=True)
 """
 

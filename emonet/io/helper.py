@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the package, wherever it is
+STOPS = {signal.SIGINT, signal.SIGTERM}  # Ctrl-C, and a job stopped as a whole: the parent's to handle
 
 
 def start_helper(target: str, *args: str, env: Optional[dict] = None, quiet: bool = False) -> subprocess.Popen:
@@ -31,10 +32,20 @@ def start_helper(target: str, *args: str, env: Optional[dict] = None, quiet: boo
     module, function = target.split(":")
     code = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
             "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "hasattr(signal, 'pthread_sigmask') and signal.pthread_sigmask(signal.SIG_UNBLOCK, "
+            "{signal.SIGINT, signal.SIGTERM}); "
             f"sys.path.insert(0, {PACKAGE_ROOT!r}); from emonet.io.helper import _run; "
             f"_run({module!r}, {function!r}, sys.argv[1:])")
-    return subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL if quiet else None, env={**os.environ, **(env or {})})
+    # The interpreter takes a while to reach that first statement, and until then a stop keeps its default: a
+    # job stopped as a whole in that moment ended the helper. Started with both blocked (a new process inherits
+    # the starting thread's mask), a stop waits in it until they are ignored, which drops it.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS) if hasattr(signal, "pthread_sigmask") else None
+    try:
+        return subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL if quiet else None, env={**os.environ, **(env or {})})
+    finally:
+        if held is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _run(module: str, function: str, argv: list[str]) -> None:

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from ..choices import DEFAULT_DETECTOR
 from ..evaluation.datasets import DatasetError, FaceDataset
 from ..io.atomic import AtomicFile
+from ..io.helper import STOPS
 
 CACHE_VERSION = 1  # bump when the crop or the cache's layout changes: old caches are then not read
 
@@ -180,9 +181,12 @@ def _whole(batch):
 def _reader_process(_worker: int) -> None:
     # Ctrl-C, and SIGTERM sent to the whole job (a batch scheduler's cancel or time limit, systemd, `timeout`), are
     # the trainer's to handle: it finishes its step and saves a state, reading on meanwhile (Reader.close ends
-    # these processes; SIGTERM no longer does).
+    # these processes; SIGTERM no longer does). A stop that came before this ran was held (Reader blocks the
+    # signals while it starts them) and is dropped here, as an ignored signal's pending one is.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
 
 
 class Reader:
@@ -191,7 +195,15 @@ class Reader:
 
     def __init__(self, data: CropSet, order: Iterable[np.ndarray], crops: bool = True, workers: int = 0,
                  pin: bool = False) -> None:
-        self._batches = iter(loader(data, order, crops, workers, pin))
+        # A new process keeps the signals' default until its first code runs: a job stopped as a whole in that
+        # moment ended it, and the trainer's next batch failed. Blocked here, a stop waits in each new process
+        # for _reader_process, and in this one for the line after.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS) if hasattr(signal, "pthread_sigmask") else None
+        try:
+            self._batches = iter(loader(data, order, crops, workers, pin))
+        finally:
+            if held is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def __iter__(self) -> "Reader":
         return self

@@ -185,6 +185,15 @@ def test_bad_videos_are_one_clear_line(tmp_path, make, message):
     assert not (tmp_path / "f.csv").exists()
 
 
+def test_a_missing_video_is_said_before_the_weights_are_fetched(tmp_path):
+    # The released weights are the default and not on disk here: the bad path is the only line, and no download
+    # (nor a device's start) comes before it.
+    env = {**os.environ, "EMONET_HOME": str(tmp_path / "home")}
+    out = demo_video("--video", tmp_path / "gone.mp4", "--no-video", "--csv", tmp_path / "f.csv", env=env)
+    assert out.returncode == 2 and out.stderr.strip() == f"error: {tmp_path / 'gone.mp4'}: no such video file"
+    assert not (tmp_path / "home").exists() and not (tmp_path / "f.csv").exists()
+
+
 def test_unwritable_output_and_wrong_extension(clip, tmp_path):
     (tmp_path / "file").write_text("x")
     out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--output", tmp_path / "file" / "o.mp4")

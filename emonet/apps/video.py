@@ -41,6 +41,8 @@ def video_config(args: argparse.Namespace) -> "VideoConfig":
 def run(args: argparse.Namespace) -> int:
     """Process the video; 0 when done, 1 when read only in part, 130 when interrupted (the rest: exit codes of
     :mod:`emonet.errors`)."""
+    from ..errors import InputError
+    from ..io.video import source_problem
     from ..runtime import select_device
     from ..timing import StartupClock
     from ..video import Drawers, StopToken, VideoInput, open_source, run_video, sinks_for
@@ -52,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
         return run_collection(args, config)
     startup = StartupClock()
     source = args.video[0]
+    problem = source_problem(source)
+    if problem:  # before the weights' download or the device start: bad input is said first, and alone
+        raise InputError(problem)
     for path in (args.output, args.csv, args.jsonl):
         if path and path != "-":
             check_output_file(path)

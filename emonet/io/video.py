@@ -31,6 +31,25 @@ __all__ = ["CONVERT_FRAMES", "Ending", "Frame", "VideoReader", "VideoSequence", 
 CONVERT_FRAMES = 8
 
 
+def _kind(source: Union[str, int]) -> tuple[bool, bool, bool]:
+    """Whether ``source`` is a camera, a network stream, or numbered images (else: a video file)."""
+    camera = isinstance(source, int) or (isinstance(source, str) and source.isdigit())
+    url = is_stream_url(source)  # rtsp://, udp://, tcp://, http(s)://, ...: read as it comes, like a camera
+    sequence = isinstance(source, str) and "%" in source and not url  # numbered images: "frames/%04d.png"
+    return camera, url, sequence
+
+
+def source_problem(source: Union[str, int]) -> Optional[str]:
+    """Why ``source`` cannot be read, where that shows before opening it (a missing file, a folder), else None."""
+    if any(_kind(source)):
+        return None
+    if Path(source).is_dir():
+        return f"{source}: is a folder, not a video file"
+    if not Path(source).is_file():
+        return f"{source}: no such video file"
+    return None
+
+
 class VideoReader:
     """Iterate over ``Frame``s of a file, camera (``"0"``) or numbered images (``"dir/%04d.png"``), decoded ahead in a child process.
 
@@ -49,14 +68,8 @@ class VideoReader:
         self.source = source
         self.device = device if device is not None and torch.device(device).type == "cuda" else None
         self.keep_host = keep_host or self.device is None
-        camera = isinstance(source, int) or (isinstance(source, str) and source.isdigit())
-        url = is_stream_url(source)  # rtsp://, udp://, tcp://, http(s)://, ...: read as it comes, like a camera
-        sequence = isinstance(source, str) and "%" in source and not url  # numbered images: "frames/%04d.png"
-        problem = None
-        if not camera and not sequence and not url and Path(source).is_dir():
-            problem = f"{source}: is a folder, not a video file"
-        elif not camera and not sequence and not url and not Path(source).is_file():
-            problem = f"{source}: no such video file"
+        camera, url, sequence = _kind(source)
+        problem = source_problem(source)
         # A decoder of several videos (a VideoSequence's) has this one's header next; its thread runs _run.
         self._shared = decoder is not None
         if problem and not self._shared:

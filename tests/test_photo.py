@@ -103,7 +103,24 @@ def test_unwritable_output_fails_before_any_work(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     out = demo("--image", PHOTO, "--weights", "random", "--output", blocker / "out")
-    assert out.returncode == 2 and "cannot write there" in out.stderr and "face 0" not in out.stderr
+    assert out.returncode == 2 and f"{blocker}: is a file, not a folder" in out.stderr and "face 0" not in out.stderr
+
+
+def test_an_output_that_would_replace_an_input_is_refused(tmp_path):
+    photo = tmp_path / "p.jpg"
+    photo.write_bytes(PHOTO.read_bytes())
+    for flag in ("--output", "--csv", "--json"):
+        out = demo("--image", photo, "--weights", "random", "--device", "cpu", flag, f"{tmp_path}/./p.jpg")
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.strip() == f"error: {photo}: is also an input, which this output would replace; give the " \
+                                     f"output another name", out.stderr
+    assert photo.read_bytes() == PHOTO.read_bytes() and sorted(tmp_path.iterdir()) == [photo]
+    # Annotated into the photos' own folder, which holds an input named as an annotated image: it is kept.
+    (tmp_path / "p_emonet.jpg").write_bytes(PHOTO.read_bytes())
+    out = demo("--image", tmp_path, "--weights", "random", "--device", "cpu", "--output", tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "p_emonet.jpg").read_bytes() == PHOTO.read_bytes()
+    assert {p.name for p in tmp_path.iterdir()} == {"p.jpg", "p_emonet.jpg", "p_emonet_1.jpg", "p_emonet_emonet.jpg"}
 
 
 def test_help_explains_the_options():

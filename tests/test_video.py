@@ -116,6 +116,10 @@ def test_max_frames_start_end_and_no_video(clip, tmp_path):
     assert out.returncode == 0, out.stderr
     frames = [int(r["frame"]) for r in csv.DictReader((tmp_path / "f.csv").open())]
     assert frames == list(range(5, 11))
+    # One chunk, its first results its last: the start-up line ends with them, and no steady state is claimed.
+    (line,) = [line for line in out.stderr.splitlines() if line.startswith("first results")]
+    assert line.endswith(" s") and ", first frames " in line, line
+    assert "wall clock" not in out.stderr
     out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--no-video", "--csv",
                      tmp_path / "g.csv", "--end", "0.1")
     assert [int(r["frame"]) for r in csv.DictReader((tmp_path / "g.csv").open())] == [0, 1, 2]
@@ -197,7 +201,14 @@ def test_a_missing_video_is_said_before_the_weights_are_fetched(tmp_path):
 def test_unwritable_output_and_wrong_extension(clip, tmp_path):
     (tmp_path / "file").write_text("x")
     out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--output", tmp_path / "file" / "o.mp4")
-    assert out.returncode == 2 and "cannot write there" in out.stderr
+    assert out.returncode == 2 and f"{tmp_path / 'file'}: is a file, not a folder" in out.stderr
+    # An output named as the video would replace it.
+    before = clip.read_bytes()
+    for flag in ("--output", "--csv", "--jsonl"):
+        out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", flag, clip)
+        assert out.returncode == 2 and out.stderr.strip().endswith(f"{clip}: is also an input, which this output "
+                                                                   f"would replace; give the output another name")
+    assert clip.read_bytes() == before and not list(clip.parent.glob("*.meta.json"))
     out = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--output", tmp_path / "o.gif")
     assert out.returncode == 2 and ".mp4" in out.stderr
     # A folder where a file goes: said before any work, and nothing written beside it.

@@ -23,8 +23,10 @@ from ..cli import ToolParser, plural
 from .common import add_model_arguments, model_options, run_tool
 
 
-def _output_plan(output: Optional[str], n_images: int) -> tuple[Optional[Path], Optional[Path]]:
-    """(single output file, output folder): a file only for one input image and an image extension."""
+def _output_plan(output: Optional[str], inputs: list[Path]) -> tuple[Optional[Path], Optional[Path]]:
+    """(single output file, output folder): a file only for one input image and an image extension (never one
+    of the ``inputs``)."""
+    n_images = len(inputs)
     if not output:
         return None, None
     out = Path(output)
@@ -34,15 +36,16 @@ def _output_plan(output: Optional[str], n_images: int) -> tuple[Optional[Path], 
                              f"--output takes an image file for one image, or a folder")
         if n_images > 1:
             raise InputError(f"{output}: {n_images} images need a folder for --output, not one image file")
-        check_writable_dir(out.parent if str(out.parent) else Path("."))
-        return out, None
+        return check_output_file(out, inputs), None
     return None, check_writable_dir(out)
 
 
-def _annotated_name(path: Path, folder: Path, used: set) -> Path:
+def _annotated_name(path: Path, folder: Path, used: set, inputs: frozenset) -> Path:
+    """``path``'s annotated image in ``folder``: a name not in ``used`` (the names given so far) nor one of the
+    ``inputs`` (resolved: an input already named ``x_emonet.jpg`` is never replaced)."""
     suffix = ".jpg" if path.suffix.lower() in (".jpg", ".jpeg") else ".png"
     name, k = f"{path.stem}_emonet{suffix}", 1
-    while name in used:
+    while name in used or (folder / name).resolve() in inputs:
         name, k = f"{path.stem}_emonet_{k}{suffix}", k + 1
     used.add(name)
     return folder / name
@@ -56,25 +59,25 @@ def run(args: argparse.Namespace) -> int:
     startup = StartupClock()
     # "sample": the photo that ships with the package (scikit-image's astronaut), from any folder.
     paths = collect_images([str(SAMPLE_PHOTO) if p == "sample" else p for p in args.image])
-    out_file, out_dir = _output_plan(args.output, len(paths))
+    out_file, out_dir = _output_plan(args.output, paths)
     if args.json and args.json != "-":
-        check_output_file(args.json)
+        check_output_file(args.json, paths)
     if args.csv:
-        check_output_file(args.csv)
+        check_output_file(args.csv, paths)
 
     # A lone image that cannot be read is bad input: say so before paying the engine's load and warm-up
     # (a compiled engine's first start takes minutes). Among several, it is one warning and exit code 1.
     if len(paths) == 1:
-        return _analyse(args, [(paths[0], read_image(paths[0]))], len(paths), startup, out_file, out_dir)
+        return _analyse(args, [(paths[0], read_image(paths[0]))], paths, startup, out_file, out_dir)
     images = read_images(paths)  # decoded from now on, while the model loads
     try:
-        return _analyse(args, images, len(paths), startup, out_file, out_dir)
+        return _analyse(args, images, paths, startup, out_file, out_dir)
     finally:
         images.close()
 
 
-def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.ndarray, InputError]]], count: int,
-             startup: "StartupClock", out_file: Optional[Path], out_dir: Optional[Path]) -> int:
+def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.ndarray, InputError]]],
+             paths: list[Path], startup: "StartupClock", out_file: Optional[Path], out_dir: Optional[Path]) -> int:
     from ..build import build_pipeline
     from ..models.weights import UNTRAINED_LABEL
     from ..provenance import provenance
@@ -94,6 +97,7 @@ def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.nda
 
     image_timer, face_timer = LatencyTimer(engine.device), LatencyTimer(engine.device)
     records, rows, failures, used = [], [], 0, set()
+    count, inputs = len(paths), frozenset(p.resolve() for p in paths)
     bar = tqdm(images, total=count, unit="image", disable=count < 4, file=sys.stderr)
     for path, image in bar:
         if isinstance(image, InputError):
@@ -114,7 +118,7 @@ def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.nda
         rows += [photo_row(str(path), f, names) for f in faces] or [photo_row(str(path), None, names)]
         _report(path, faces, names, engine.untrained)
         if out_file or out_dir:
-            target = out_file or _annotated_name(path, out_dir, used)
+            target = out_file or _annotated_name(path, out_dir, used, inputs)
             write_image(target, annotate(image, faces, names, banner))
 
     latency = {"per_image": image_timer.summary().as_dict(), "emonet_per_image": face_timer.summary().as_dict(),

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(problem)
     for path in (args.output, args.csv, args.jsonl):
         if path and path != "-":
-            check_output_file(path)
+            check_output_file(path, [source])
     if args.output:
         check_video_name(args.output, args.codec)
     device = select_device(args.device, quiet=True)
@@ -187,8 +187,8 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                         help="a video file, numbered images (\"frames/%%04d.png\"), a camera index (0) or a stream "
                              "URL (rtsp://, udp://, http(s)://, ...); with --out-dir: files, folders, patterns")
     out = parser.add_argument_group("outputs (none given: the rows on standard output)")
-    out.add_argument("--output", metavar="FILE", help="annotated video at the source's frame rate (.mp4; also .mov, "
-                                                      ".mkv, .avi)")
+    out.add_argument("--output", metavar="FILE", help="annotated video at the source's frame rate (.mp4; also "
+                                                      ".m4v, .mov, .mkv, .avi)")
     out.add_argument("--codec", choices=CODECS, default="h264",
                      help="h264 (default: plays everywhere) or mp4v (through OpenCV, without PyAV)")
     out.add_argument("--csv", metavar="FILE", help="one row per face per frame (a frame with no face: empty "

@@ -114,18 +114,32 @@ def write_image(path: Union[str, Path], rgb: np.ndarray) -> None:
     write_bytes(path, buf.tobytes())
 
 
-def check_output_file(path: Union[str, Path]) -> Path:
-    """An output file's path, checked before any work is done: not a folder, and its folder writable."""
+def check_output_file(path: Union[str, Path], inputs: Iterable[Union[str, Path]] = ()) -> Path:
+    """An output file's path, checked before any work is done: not a folder, not one of ``inputs`` (writing it
+    would replace what is being read), and its folder writable."""
     path = Path(path)
     if path.is_dir():
         raise InputError(f"{path}: is a folder; give this output a file's name (one inside that folder, say)")
+    if any(same_file(path, source) for source in inputs):
+        raise InputError(f"{path}: is also an input, which this output would replace; give the output another name")
     check_writable_dir(path.parent)
     return path
+
+
+def same_file(a: Union[str, Path], b: Union[str, Path]) -> bool:
+    """Whether two paths name one file (through links too); False where either is not a file."""
+    try:
+        return Path(a).resolve() == Path(b).resolve() or os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
 
 
 def check_writable_dir(path: Union[str, Path]) -> Path:
     """Create ``path`` if needed and prove a file can be written there, before any work is done."""
     path = Path(path)
+    blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:  # mkdir would say only "File exists"
+        raise InputError(f"{blocking}: is a file, not a folder; an output cannot go inside it")
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):

@@ -245,11 +245,19 @@ class VideoRun:
         return self
 
 
+# Fewer intervals than this between chunks' results are no steady state (a short video's first and last chunks).
+STEADY_INTERVALS = 3
+
+
 def steady_rate(intervals: list[tuple[float, int]]) -> Optional[float]:
     """Frames a second at the wall clock's steady state: the median time a frame took between two chunks' results
-    (``(seconds, frames)`` each, :attr:`VideoRun.intervals`), inverted; None with no interval."""
-    per_frame = [seconds / frames for seconds, frames in intervals if frames]
-    middle = statistics.median(per_frame) if per_frame else 0.0
+    (``(seconds, frames)`` each, :attr:`VideoRun.intervals`), inverted. The last interval is left out: the final
+    chunk, read with nothing queued behind it, comes sooner than a chunk in the flow. None with fewer than
+    STEADY_INTERVALS left."""
+    per_frame = [seconds / frames for seconds, frames in intervals[:-1] if frames]
+    if len(per_frame) < STEADY_INTERVALS:
+        return None
+    middle = statistics.median(per_frame)
     return 1.0 / middle if middle > 0 else None
 
 
@@ -272,9 +280,11 @@ def _chunks(frames: Source, size: int) -> Iterator[list[Frame]]:
         yield chunk
 
 
-def _last_chunk(run: VideoRun, last: PendingStep) -> Iterator[Union[FrameFaces, VideoRun]]:
-    """A video's final chunk read, then the video closed."""
+def _last_chunk(run: VideoRun, last: PendingStep,
+                delivered: Callable[[], None]) -> Iterator[Union[FrameFaces, VideoRun]]:
+    """A video's final chunk read (``delivered()`` once it is handed out), then the video closed."""
     yield from run.finish(last)
+    delivered()
     yield run.close()
 
 
@@ -299,6 +309,13 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
     threads = torch.get_num_threads()
     current: Optional[VideoRun] = None
     previous: Optional[tuple[VideoRun, PendingStep]] = None  # the last video's final chunk, not yet read
+
+    def delivered() -> None:  # frames handed out: the first time, the start-up clock's last stage ends
+        nonlocal startup
+        if startup is not None:
+            startup.mark("first frames")
+            startup = None
+
     try:
         for item in videos:
             if isinstance(loader, PipelineLoader):
@@ -341,24 +358,23 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
                         raise
                     if settled is not None:
                         yield from current.deliver(settled)
-                        if startup is not None:
-                            startup.mark("first frames")
-                            startup = None
+                        delivered()
                         if stop.asked:  # asked while it was handed out: the chunk just queued is dropped
                             break
                     current.idle()  # behind the chunk just queued
                     if previous is not None:  # the last video's final chunk, read while this one's first runs
                         (done, last), previous = previous, None
-                        yield from _last_chunk(done, last)
+                        yield from _last_chunk(done, last, delivered)
                     pending = launched
             except (InputError, HelperError) as exc:  # decoding failed, or its process died, part-way: the
                 current.error = exc                     # frames before it are kept
             if previous is not None:  # this video gave no chunk
                 (done, last), previous = previous, None
-                yield from _last_chunk(done, last)
+                yield from _last_chunk(done, last, delivered)
             if stop.asked or pending is None:
                 if pending is not None:
                     yield from current.finish(pending)
+                    delivered()
                 run, current = current.close(interrupted=stop.asked), None
                 yield run
                 if stop.asked:
@@ -367,7 +383,7 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
                 previous, current = (current, pending), None
         if previous is not None:
             (done, last), previous = previous, None
-            yield from _last_chunk(done, last)
+            yield from _last_chunk(done, last, delivered)
     except KeyboardInterrupt:
         # Stopped at once (a second Ctrl-C, or one before frames flowed): what is finished is kept; the chunks
         # still on the GPU are in no output. The run being read ends as interrupted, the last one.

@@ -317,7 +317,8 @@ reader = Reader(data, [np.arange(4) + i % 12 for i in range(100_000)], workers=2
 """
 
 READING_THROUGH_A_STOP = """
-import signal, time
+import multiprocessing, signal, sys, time
+multiprocessing.set_start_method(sys.argv[1])
 stopped = []
 signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))  # as the trainer does: finish the step, save
 """ + READER + """
@@ -340,13 +341,14 @@ finally:
 """
 
 
-def test_a_job_stopped_as_a_whole_leaves_the_trainer_its_reading_processes_to_finish_the_step():
+@pytest.mark.parametrize("method", ["fork", "spawn"])  # Linux's default before Python 3.14, and macOS's
+def test_a_job_stopped_as_a_whole_leaves_the_trainer_its_reading_processes_to_finish_the_step(method):
     # A batch scheduler's cancel or time limit, systemd and `timeout` send SIGTERM to every process of the job: the
     # reading processes leave it to the trainer (which saves a state first) and read on.
     import os
     import signal
 
-    proc = subprocess.Popen([sys.executable, "-c", READING_THROUGH_A_STOP], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", READING_THROUGH_A_STOP, method], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stdout.readline().strip() == "reading"
     os.killpg(proc.pid, signal.SIGTERM)

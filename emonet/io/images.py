@@ -118,7 +118,11 @@ def check_output_file(path: Union[str, Path], inputs: Iterable[Union[str, Path]]
     """An output file's path, checked before any work is done: not a folder, not one of ``inputs`` (writing it
     would replace what is being read), and its folder writable."""
     path = Path(path)
-    if path.is_dir():
+    try:
+        folder = path.is_dir()
+    except OSError as exc:  # (a folder on its way not ours to search)
+        raise InputError(f"{path}: cannot write there ({exc.strerror or exc})") from None
+    if folder:
         raise InputError(f"{path}: is a folder; give this output a file's name (one inside that folder, say)")
     if any(same_file(path, source) for source in inputs):
         raise InputError(f"{path}: is also an input, which this output would replace; give the output another name")
@@ -127,7 +131,7 @@ def check_output_file(path: Union[str, Path], inputs: Iterable[Union[str, Path]]
 
 
 def same_file(a: Union[str, Path], b: Union[str, Path]) -> bool:
-    """Whether two paths name one file (through links too); False where either is not a file."""
+    """Whether two paths name one file (through links too), or the same path where neither exists yet."""
     try:
         return Path(a).resolve() == Path(b).resolve() or os.path.samefile(a, b)
     except (OSError, ValueError):
@@ -137,10 +141,10 @@ def same_file(a: Union[str, Path], b: Union[str, Path]) -> bool:
 def check_writable_dir(path: Union[str, Path]) -> Path:
     """Create ``path`` if needed and prove a file can be written there, before any work is done."""
     path = Path(path)
-    blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
-    if blocking is not None:  # mkdir would say only "File exists"
-        raise InputError(f"{blocking}: is a file, not a folder; an output cannot go inside it")
     try:
+        blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:  # mkdir would say only "File exists"
+            raise InputError(f"{blocking}: is a file, not a folder; an output cannot go inside it")
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
             pass

@@ -189,6 +189,22 @@ def _reader_process(_worker: int) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
 
 
+def _start_process_helpers() -> None:
+    """Start multiprocessing's own helper processes now, where the start method has them (spawn, forkserver): the
+    resource tracker, started by a first queue, unblocks the stops in the thread that starts it, and a forkserver
+    started with them blocked would keep them blocked for every process it forks."""
+    import multiprocessing
+    from multiprocessing import resource_tracker
+
+    method = multiprocessing.get_start_method()
+    if method != "fork":
+        resource_tracker.ensure_running()
+    if method == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 class Reader:
     """The batches of ``order`` read from ``data`` in that order, as :func:`loader` reads them, one by one
     (``next``); :meth:`close` ends its reading processes at once."""
@@ -198,7 +214,10 @@ class Reader:
         # A new process keeps the signals' default until its first code runs: a job stopped as a whole in that
         # moment ended it, and the trainer's next batch failed. Blocked here, a stop waits in each new process
         # for _reader_process, and in this one for the line after.
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS) if hasattr(signal, "pthread_sigmask") else None
+        blocking = hasattr(signal, "pthread_sigmask") and workers > 0
+        if blocking:
+            _start_process_helpers()
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS) if blocking else None
         try:
             self._batches = iter(loader(data, order, crops, workers, pin))
         finally:

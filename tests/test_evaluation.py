@@ -121,6 +121,11 @@ def test_bad_invocations_are_one_line(tmp_path):
     assert run.returncode == 2 and "needs --csv FILE" in run.stderr
 
 
+def test_help_has_a_try_it_example_and_the_exit_codes():
+    run = evaluate("--help")
+    assert run.returncode == 0 and "--weights random" in run.stdout and "exit codes:" in run.stdout
+
+
 def test_published_table_layout():
     text = published_table({"expression": {"ACC": 0.5}, "valence": {"CCC": 0.1, "PCC": 0.2, "RMSE": 0.3,
                                                                    "SAGR": 0.4}}, 8)

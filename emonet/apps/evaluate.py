@@ -9,11 +9,13 @@ import sys
 from typing import Optional
 
 from ..cli import ToolParser
+from ..errors import EXIT_CODES
 from .common import add_model_arguments, model_options, run_tool
 
 EXAMPLES = """examples:
   %(prog)s --dataset affectnet --root /data/AffectNet --subset test --nclasses 8 --report report.json
   %(prog)s --dataset csv --csv labels.csv --predictions predictions.csv
+  %(prog)s --dataset csv --csv labels.csv --weights random --skip-missing  # try it without the released weights
   torchrun --nproc-per-node 4 -m emonet.apps.evaluate --dataset affectnet --root /data/AffectNet  # several GPUs
 """
 
@@ -22,7 +24,7 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     """The evaluation tool's command line."""
     workers = min(4, os.cpu_count() or 1)
     parser = ToolParser(
-        prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog, epilog=EXAMPLES + "\n" + EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Evaluate EmoNet: ACC, macro-F1, per-class accuracy and confusion matrix for expression; "
                     "RMSE, SAGR, PCC and CCC for valence and arousal. Runs under torchrun to use several GPUs.")
     parser.add_argument("--dataset", required=True, choices=["affectnet", "csv"],

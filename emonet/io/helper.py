@@ -11,6 +11,7 @@ start fast.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the package, wherever it is
 STOPS = {signal.SIGINT, signal.SIGTERM}  # Ctrl-C, and a job stopped as a whole: the parent's to handle
@@ -30,27 +31,39 @@ def start_helper(target: str, *args: str, env: Optional[dict] = None, quiet: boo
     standard error is dropped). A module whose ``FAST_EXIT`` is true skips the interpreter's tear-down at the
     end (its files are closed and its messages sent by then; the parent would wait for the tear-down)."""
     module, function = target.split(":")
-    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "hasattr(signal, 'pthread_sigmask') and signal.pthread_sigmask(signal.SIG_UNBLOCK, "
-            "{signal.SIGINT, signal.SIGTERM}); "
-            f"sys.path.insert(0, {PACKAGE_ROOT!r}); from emonet.io.helper import _run; "
+    code = (f"import sys; sys.path.insert(0, {PACKAGE_ROOT!r}); from emonet.io.helper import _run; "
             f"_run({module!r}, {function!r}, sys.argv[1:])")
-    # The interpreter takes a while to reach that first statement, and until then a stop keeps its default: a
-    # job stopped as a whole in that moment ended the helper. Started with both blocked (a new process inherits
-    # the starting thread's mask), a stop waits in it until they are ignored, which drops it.
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS) if hasattr(signal, "pthread_sigmask") else None
-    try:
+    with stops_held():
         return subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL if quiet else None, env={**os.environ, **(env or {})})
+
+
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held in this thread meanwhile, and in the processes it starts (a new process inherits
+    the starting thread's mask) until they call :func:`ignore_stops`. A new process keeps the signals' default
+    until its first code runs: without this, a job stopped as a whole in that moment ended it."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS) if hasattr(signal, "pthread_sigmask") else None
+    try:
+        yield
     finally:
         if held is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a stop held meanwhile comes now
+
+
+def ignore_stops() -> None:
+    """In a process started under :func:`stops_held`: ignore Ctrl-C and SIGTERM (the parent's to handle), which
+    drops a stop held since the start, then let signals through again."""
+    for stop in STOPS:
+        signal.signal(stop, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
 
 
 def _run(module: str, function: str, argv: list[str]) -> None:
     import importlib
 
+    ignore_stops()
     helper = importlib.import_module(module)
     code = getattr(helper, function)(*argv)
     if getattr(helper, "FAST_EXIT", False):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from tqdm import tqdm
 from ..choices import DEFAULT_DETECTOR
 from ..evaluation.datasets import DatasetError, FaceDataset
 from ..io.atomic import AtomicFile
-from ..io.helper import STOPS
+from ..io.helper import ignore_stops, stops_held
 
 CACHE_VERSION = 1  # bump when the crop or the cache's layout changes: old caches are then not read
 
@@ -183,10 +182,7 @@ def _reader_process(_worker: int) -> None:
     # the trainer's to handle: it finishes its step and saves a state, reading on meanwhile (Reader.close ends
     # these processes; SIGTERM no longer does). A stop that came before this ran was held (Reader blocks the
     # signals while it starts them) and is dropped here, as an ignored signal's pending one is.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+    ignore_stops()
 
 
 def _start_process_helpers() -> None:
@@ -211,18 +207,12 @@ class Reader:
 
     def __init__(self, data: CropSet, order: Iterable[np.ndarray], crops: bool = True, workers: int = 0,
                  pin: bool = False) -> None:
-        # A new process keeps the signals' default until its first code runs: a job stopped as a whole in that
-        # moment ended it, and the trainer's next batch failed. Blocked here, a stop waits in each new process
-        # for _reader_process, and in this one for the line after.
-        blocking = hasattr(signal, "pthread_sigmask") and workers > 0
-        if blocking:
+        # The reading processes start with the stops held (a stop to the whole job while they started ended one,
+        # and the trainer's next batch failed), until _reader_process ignores them.
+        if workers > 0:
             _start_process_helpers()
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS) if blocking else None
-        try:
+        with stops_held():
             self._batches = iter(loader(data, order, crops, workers, pin))
-        finally:
-            if held is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def __iter__(self) -> "Reader":
         return self

@@ -280,11 +280,9 @@ def _chunks(frames: Source, size: int) -> Iterator[list[Frame]]:
         yield chunk
 
 
-def _last_chunk(run: VideoRun, last: PendingStep,
-                delivered: Callable[[], None]) -> Iterator[Union[FrameFaces, VideoRun]]:
-    """A video's final chunk read (``delivered()`` once it is handed out), then the video closed."""
+def _last_chunk(run: VideoRun, last: PendingStep) -> Iterator[Union[FrameFaces, VideoRun]]:
+    """A video's final chunk read, then the video closed."""
     yield from run.finish(last)
-    delivered()
     yield run.close()
 
 
@@ -304,17 +302,25 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
     :attr:`VideoRun.error` (the frames before it kept) and the run goes on; one that cannot be opened (its
     source function raises) ends the run with that error.
     """
+    inner = _run_videos(videos, config, loader, stop, startup)
+    try:  # the start-up clock ends with the first frames handed out, whichever path they come by
+        for item in inner:
+            if startup is not None and isinstance(item, FrameFaces):
+                startup.mark("first frames")
+                startup = None
+            yield item
+    finally:
+        inner.close()
+
+
+def _run_videos(videos: Iterable[VideoInput], config: VideoConfig, loader: Optional[Callable[[tuple], Pipeline]],
+                stop: Optional[StopToken], startup: Optional[StartupClock]) -> Iterator[Union[FrameFaces, VideoRun]]:
+    """:func:`run_videos`, all but the start-up clock's mark of the first frames."""
     loader = loader or PipelineLoader(config)
     stop = stop or StopToken()
     threads = torch.get_num_threads()
     current: Optional[VideoRun] = None
     previous: Optional[tuple[VideoRun, PendingStep]] = None  # the last video's final chunk, not yet read
-
-    def delivered() -> None:  # frames handed out: the first time, the start-up clock's last stage ends
-        nonlocal startup
-        if startup is not None:
-            startup.mark("first frames")
-            startup = None
 
     try:
         for item in videos:
@@ -358,23 +364,21 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
                         raise
                     if settled is not None:
                         yield from current.deliver(settled)
-                        delivered()
                         if stop.asked:  # asked while it was handed out: the chunk just queued is dropped
                             break
                     current.idle()  # behind the chunk just queued
                     if previous is not None:  # the last video's final chunk, read while this one's first runs
                         (done, last), previous = previous, None
-                        yield from _last_chunk(done, last, delivered)
+                        yield from _last_chunk(done, last)
                     pending = launched
             except (InputError, HelperError) as exc:  # decoding failed, or its process died, part-way: the
                 current.error = exc                     # frames before it are kept
             if previous is not None:  # this video gave no chunk
                 (done, last), previous = previous, None
-                yield from _last_chunk(done, last, delivered)
+                yield from _last_chunk(done, last)
             if stop.asked or pending is None:
                 if pending is not None:
                     yield from current.finish(pending)
-                    delivered()
                 run, current = current.close(interrupted=stop.asked), None
                 yield run
                 if stop.asked:
@@ -383,7 +387,7 @@ def run_videos(videos: Iterable[VideoInput], config: VideoConfig,
                 previous, current = (current, pending), None
         if previous is not None:
             (done, last), previous = previous, None
-            yield from _last_chunk(done, last, delivered)
+            yield from _last_chunk(done, last)
     except KeyboardInterrupt:
         # Stopped at once (a second Ctrl-C, or one before frames flowed): what is finished is kept; the chunks
         # still on the GPU are in no output. The run being read ends as interrupted, the last one.

@@ -40,9 +40,9 @@ setup(
                              "selenium>=4.20", "onnx>=1.16", "onnxscript>=0.2", "onnxruntime>=1.18"],
                     "nvdec": ["PyNvVideoCodec>=2.0"]},
     entry_points={"console_scripts": [
-        "emonet-photo = emonet.apps.photo:main",
-        "emonet-video = emonet.apps.video:main",
-        "emonet-eval = emonet.apps.evaluate:main",
+        "emonet-photo = emonet.apps.photo:cli",
+        "emonet-video = emonet.apps.video:cli",
+        "emonet-eval = emonet.apps.evaluate:cli",
         "emonet-bench = emonet.bench.run:main",
         "emonet-serve = emonet.apps.serve:main",
         "emonet-export = emonet.apps.export:main",

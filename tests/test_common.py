@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import subprocess
+import os
+import sys
 
 import pytest
 import torch
@@ -191,3 +194,36 @@ def test_where_compiling_fails_the_uncompiled_default_runs_saying_why_but_not_ou
     (warning,) = [line for line in said if line.startswith("warning: the engine could not be compiled")]
     assert ("Triton is not installed" if failure is None else "BackendCompilerFailed") in warning
     assert warning.endswith("running it uncompiled (--no-compile)")
+
+
+def _buffered() -> dict:
+    """The environment with standard output buffered, as a tool's is when it writes to a file or a pipe."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+
+
+def _ended_by_exit_tool(code: str) -> subprocess.CompletedProcess:
+    prelude = "import atexit, sys\nfrom emonet.apps.common import exit_tool\n"
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=60,
+                          env=_buffered())
+
+
+def test_exit_tool_ends_with_the_code_after_the_exit_handlers_and_with_the_output_flushed():
+    run = _ended_by_exit_tool("atexit.register(lambda: print('handler ran'))\n"
+                              "sys.stdout.write('a line with no newline yet; ')\nsys.stderr.write('said')\n"
+                              "exit_tool(3)\nprint('never')")
+    assert run.returncode == 3
+    assert run.stdout == "a line with no newline yet; handler ran\n"
+    assert run.stderr == "said"
+
+
+def test_exit_tool_says_an_output_that_could_not_be_flushed_in_its_code():
+    # Standard output whose reader has gone, with text still buffered: the tool cannot claim success.
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        run = subprocess.run([sys.executable, "-c", "import sys\nfrom emonet.apps.common import exit_tool\n"
+                              "sys.stdout.write('x' * 10)\nexit_tool(0)"], stdout=writer, stderr=subprocess.PIPE,
+                             text=True, timeout=60, env=_buffered())
+    finally:
+        os.close(writer)
+    assert run.returncode == 120, run.stderr

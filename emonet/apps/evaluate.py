@@ -10,7 +10,7 @@ from typing import Optional
 
 from ..cli import ToolParser
 from ..errors import EXIT_CODES
-from .common import add_model_arguments, model_options, run_tool
+from .common import add_model_arguments, exit_tool, model_options, run_tool
 
 EXAMPLES = """examples:
   %(prog)s --dataset affectnet --root /data/AffectNet --subset test --nclasses 8 --report report.json
@@ -181,5 +181,10 @@ def run(args: argparse.Namespace, model) -> int:
         ddp.close()
 
 
+def cli() -> None:
+    """``emonet-eval``: :func:`main`, then the process ends at once (:func:`~emonet.apps.common.exit_tool`)."""
+    exit_tool(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -20,7 +20,7 @@ from ..io.images import (IMAGE_EXTENSIONS, check_output_file, check_writable_dir
 from ..results import FaceResult, face_record, photo_fields, photo_row
 from ..cli import ToolParser, plural
 # (the model's modules, which import torch, are imported where the tool runs: --help is quick)
-from .common import add_model_arguments, model_options, run_tool
+from .common import add_model_arguments, exit_tool, model_options, run_tool
 
 
 def _output_plan(output: Optional[str], inputs: list[Path]) -> tuple[Optional[Path], Optional[Path]]:
@@ -201,5 +201,10 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
     return run_tool(lambda: run(args))
 
 
+def cli() -> None:
+    """``emonet-photo``: :func:`main`, then the process ends at once (:func:`~emonet.apps.common.exit_tool`)."""
+    exit_tool(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -18,7 +18,7 @@ from ..errors import EXIT_CODES
 from ..io.containers import is_stream_url
 from ..io.images import check_output_file
 from ..io.writer import CODECS, check_video_name
-from .common import add_model_arguments, model_options, run_tool
+from .common import add_model_arguments, exit_tool, model_options, run_tool
 
 # (the video runtime and the model, which import torch, are imported where the tool runs: --help is quick)
 if TYPE_CHECKING:
@@ -270,5 +270,10 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
     return run_tool(lambda: run(args))
 
 
+def cli() -> None:
+    """``emonet-video``: :func:`main`, then the process ends at once (:func:`~emonet.apps.common.exit_tool`)."""
+    exit_tool(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

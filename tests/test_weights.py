@@ -35,6 +35,18 @@ def test_class_count_is_read_from_the_checkpoint(ckpt_dir, name, n):
     assert all(torch.equal(stored[k], v) for k, v in model.state_dict().items())
 
 
+def test_a_half_precision_checkpoint_is_widened_into_a_model_that_can_be_trained(ckpt_dir, tmp_path):
+    stored = read_state_dict(ckpt_dir / "emonet_8.pth")
+    torch.save({k: v.half() if v.is_floating_point() else v for k, v in stored.items()}, tmp_path / "half.pth")
+    model = emonet.load_model(tmp_path / "half.pth", device="cpu")
+    tensors = list(model.parameters()) + list(model.buffers())
+    assert {t.dtype for t in model.parameters()} == {torch.float32}
+    assert {t.device.type for t in tensors} == {"cpu"}  # nothing left on the meta device it was built on
+    assert all(p.requires_grad for p in model.parameters())
+    assert all(torch.equal(stored[k].half().to(v.dtype) if v.is_floating_point() else stored[k], v)
+               for k, v in model.state_dict().items())
+
+
 def test_given_class_count_that_agrees_is_accepted(ckpt_dir):
     assert emonet.load_model(ckpt_dir / "emonet_5.pth", n_expression=5, device="cpu").n_expression == 5
 

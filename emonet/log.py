@@ -5,7 +5,9 @@ error, as they always read; a program that embeds emonet configures logging as i
 from __future__ import annotations
 
 import logging
+import re
 import sys
+from typing import Any, Iterable, Optional
 
 LOGGER = "emonet"
 
@@ -41,3 +43,52 @@ def say(message: str, name: str = LOGGER) -> None:
     """One of the library's lines, logged: a line starting ``warning:`` as a warning, the rest as information."""
     logger = logging.getLogger(name)
     (logger.warning if message.startswith("warning:") else logger.info)(message)
+
+
+# Off a terminal (a log file, CI, a pipe), a progress bar is a line now and then instead of a redraw per update:
+# a line at most this often, and none for a job that ends sooner.
+LOG_EVERY_S = 30.0
+
+
+def progress_bar(iterable: Optional[Iterable] = None, every: float = LOG_EVERY_S, **kwargs: Any):
+    """A tqdm progress bar on standard error (or ``file``): on a terminal as tqdm draws it; elsewhere one plain
+    line every ``every`` seconds (none in a job that ends sooner), so a log holds lines, not carriage returns."""
+    from tqdm import tqdm
+
+    stream = kwargs.pop("file", None) or sys.stderr
+    if not _is_terminal(stream):
+        kwargs.update(delay=every, mininterval=every, maxinterval=max(every, 1.0), dynamic_ncols=False)
+        kwargs.setdefault("ncols", 100)
+        stream = _Lines(stream)
+    return tqdm(iterable, file=stream, **kwargs)
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+class _Lines:
+    """A stream for a bar off a terminal: each redraw (after a carriage return) becomes a line of its own."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._open = False  # a line is written and not yet ended
+
+    def write(self, text: str) -> None:
+        for part in re.split(r"([\r\n])", text):
+            if part in ("\r", "\n"):
+                if self._open:
+                    self._stream.write("\n")
+                    self._open = False
+            elif part.strip():
+                self._stream.write(part.rstrip())
+                self._open = True
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name: str):  # encoding and the like, as the stream's
+        return getattr(self._stream, name)

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from ..drawing import annotate
 from ..io.atomic import write_text
+from ..log import progress_bar
 from ..errors import EXIT_CODES, InputError
 from ..io.images import (IMAGE_EXTENSIONS, check_output_file, check_writable_dir, collect_images, read_image,
                          read_images, write_image)
@@ -98,7 +99,7 @@ def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.nda
     image_timer, face_timer = LatencyTimer(engine.device), LatencyTimer(engine.device)
     records, rows, failures, used = [], [], 0, set()
     count, inputs = len(paths), frozenset(p.resolve() for p in paths)
-    bar = tqdm(images, total=count, unit="image", disable=count < 4, file=sys.stderr)
+    bar = progress_bar(images, total=count, unit="image", disable=count < 4, file=sys.stderr)
     for path, image in bar:
         if isinstance(image, InputError):
             exc = image

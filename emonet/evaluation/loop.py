@@ -16,7 +16,6 @@ from typing import Optional
 import numpy as np
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
-from tqdm import tqdm
 
 from .datasets import FaceDataset
 from ..distributed import Distributed
@@ -24,6 +23,7 @@ from ..pipeline import Pipeline, PlannedFace
 from ..results import FaceResult
 from ..errors import InputError
 from ..io.images import read_image
+from ..log import progress_bar
 from .metrics import evaluate_predictions
 
 PUBLISHED = {  # spec §8, cleaned AffectNet test set
@@ -65,7 +65,7 @@ def predict(pipeline: Pipeline, dataset: FaceDataset, flip: bool = True, batch_s
                         pin_memory=pipeline.engine.device.type == "cuda", drop_last=False)
     results: list[FaceResult] = []
     start = time.perf_counter()
-    for crops, _, _, _, index in tqdm(loader, desc="evaluating", unit="batch", disable=not progress,
+    for crops, _, _, _, index in progress_bar(loader, desc="evaluating", unit="batch", disable=not progress,
                                       file=sys.stderr):
         faces = [sample_face(dataset, int(i), k) for k, i in enumerate(index)]
         results += pipeline.collect(pipeline.launch([], faces, crops=crops, flip=flip))
@@ -159,7 +159,7 @@ def locate_faces(dataset: FaceDataset, pipeline: Pipeline, progress: bool = True
     """
     no_face, unreadable = [], []
     todo = [s for s in dataset.samples if s.matrix is None]
-    for s in tqdm(todo, desc="detecting faces", unit="image", disable=not progress or not todo, file=sys.stderr):
+    for s in progress_bar(todo, desc="detecting faces", unit="image", disable=not progress or not todo, file=sys.stderr):
         try:
             image = read_image(s.path)
         except InputError:

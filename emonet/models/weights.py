@@ -20,7 +20,7 @@ import torch
 
 from ..classes import EXPRESSIONS_5, EXPRESSIONS_8
 from ..io.atomic import AtomicFile
-from ..log import say
+from ..log import progress_bar, say
 from .emonet import EmoNet
 
 UNTRAINED_LABEL = "untrained weights — predictions are meaningless"  # shown wherever "random" weights run
@@ -84,8 +84,6 @@ def _candidate_paths(weights: Weights) -> list[Path]:
 
 def download_weights(weights: Weights, dest_dir: Union[str, Path], progress: bool = True) -> Path:
     """Download ``weights`` into ``dest_dir`` atomically, verifying its git-blob SHA-1; return the path."""
-    from tqdm import tqdm
-
     dest_dir = Path(dest_dir)
     dest = dest_dir / weights.filename
     say(f"Downloading {weights.filename} from {weights.url}\n{weights.licence}")
@@ -103,7 +101,7 @@ def download_weights(weights: Weights, dest_dir: Union[str, Path], progress: boo
     try:
         with urllib.request.urlopen(weights.url, timeout=30) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+            with progress_bar(total=total, unit="B", unit_scale=True, unit_divisor=1024,
                       desc=weights.filename, disable=not progress) as bar:
                 for chunk in iter(lambda: response.read(1 << 20), b""):
                     out.write(chunk)

@@ -13,12 +13,12 @@ from typing import Iterable, Optional
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from ..choices import DEFAULT_DETECTOR
 from ..evaluation.datasets import DatasetError, FaceDataset
 from ..io.atomic import AtomicFile
 from ..io.helper import ignore_stops, stops_held
+from ..log import progress_bar
 
 CACHE_VERSION = 1  # bump when the crop or the cache's layout changes: old caches are then not read
 
@@ -104,7 +104,7 @@ def crop_set(dataset: FaceDataset, cache_dir: Path, locate, detector: str = DEFA
                                  f"as box or landmarks columns, or leave them out")
     cache_dir.mkdir(parents=True, exist_ok=True)
     crops = np.empty((len(dataset), 256, 256, 3), np.uint8)
-    for i in tqdm(range(len(dataset)), desc="cropping faces", unit="face", disable=not progress, file=sys.stderr):
+    for i in progress_bar(range(len(dataset)), desc="cropping faces", unit="face", disable=not progress, file=sys.stderr):
         crops[i] = dataset[i][0].permute(1, 2, 0).numpy()
     samples = dataset.samples
     info = {"labels": [s.label for s in samples], "paths": [str(s.path) for s in samples],

@@ -19,7 +19,6 @@ from typing import Optional
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from .. import __version__
 from ..choices import DEFAULT_DETECTOR
@@ -28,7 +27,7 @@ from ..evaluation.datasets import FaceDataset, affectnet, csv_dataset
 from ..distributed import join
 from ..evaluation.loop import locate_faces
 from ..io.atomic import AtomicFile, write_text
-from ..log import say
+from ..log import progress_bar, say
 from ..models.emonet import EmoNet
 from ..models.weights import load_model
 from ..provenance import weights_record
@@ -348,7 +347,7 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
             loss_sum = torch.full((), resumed_loss if carried else 0.0, device=device)
             counted, clock, ran = start_step if carried else 0, None, 0
             set_train_mode(model, config.train)
-            bar = tqdm(total=len(order), initial=start_step, desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch",
+            bar = progress_bar(total=len(order), initial=start_step, desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch",
                        disable=not (config.progress and ddp.main), file=sys.stderr)
             step = start_step
             for step in range(start_step, len(order)):

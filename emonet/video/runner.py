@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Union
 
 import torch
-from tqdm import tqdm
 
 from ..drawing.process import DrawnVideo
 from ..engine.graphs import synchronize
 from ..errors import HelperError, InputError, OutputError
 from ..io.video import Frame
+from ..log import progress_bar
 from ..pipeline import Pipeline
 from ..scheduler import PendingStep, SettledChunk
 from ..session import VideoPipeline
@@ -154,7 +154,7 @@ class VideoRun:
                     pass
             raise
         self._wall0 = time.perf_counter()  # model loading and warm-up are reported on their own
-        self.bar = (tqdm(total=source.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True,
+        self.bar = (progress_bar(total=source.expected_frames, unit="frame", file=sys.stderr, dynamic_ncols=True,
                          desc=video.label) if video.progress else None)
 
     def detect(self, chunk: list[Frame]) -> tuple[list[bool], object]:

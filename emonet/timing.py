@@ -27,6 +27,10 @@ FIRST_CALL_NOTE_CPU = ("the first call pays one-off costs: oneDNN kernel selecti
                        "memory allocations")
 
 
+# Calls after the first that a steady state is figured from: one or two are a sample, not a state.
+STEADY_CALLS = 3
+
+
 @dataclass
 class LatencySummary:
     """First-call latency against steady-state statistics, in milliseconds; throughput in items/s."""
@@ -52,7 +56,10 @@ class LatencySummary:
                  f"  first call      {self.first_ms:9.2f} ms   "
                  f"({FIRST_CALL_NOTE if self.device.startswith('cuda') else FIRST_CALL_NOTE_CPU})"]
         if self.median_ms is None:
-            lines.append("  steady state    only one call was made; no steady-state figure")
+            after = self.calls - 1
+            lines.append("  steady state    only one call was made; no steady-state figure" if not after else
+                         f"  steady state    {plural(after, 'call')} after the first: too few for a steady-state "
+                         f"figure ({STEADY_CALLS} or more)")
         else:
             lines.append(f"  steady state    {self.median_ms:9.2f} ms median, {self.p90_ms:.2f} ms p90, "
                          f"{self.mean_ms:.2f} ms mean over {plural(self.calls - 1, 'call')}")
@@ -106,8 +113,8 @@ class LatencyTimer:
         if not self._ms:
             return LatencySummary(None, None, None, None, None, 0, 0, name)
         steady, items = self._ms[1:], self._items[1:]
-        if not steady:
-            return LatencySummary(self._ms[0], None, None, None, None, 1, self._items[0], name)
+        if len(steady) < STEADY_CALLS:
+            return LatencySummary(self._ms[0], None, None, None, None, len(self._ms), sum(self._items), name)
         return LatencySummary(
             first_ms=self._ms[0],
             median_ms=statistics.median(steady),

@@ -43,6 +43,21 @@ def test_summary_with_one_or_no_calls():
     assert "no steady-state figure" in s.format()
 
 
+def test_one_or_two_calls_after_the_first_are_no_steady_state():
+    timer = LatencyTimer("cpu")
+    with timer.measure(n_items=2):
+        pass
+    for calls in (2, 3):
+        with timer.measure(n_items=2):
+            pass
+        s = timer.summary()
+        assert s.calls == calls and s.items == 2 * calls and s.median_ms is None and s.throughput is None
+        assert f"{calls - 1} call" in s.format() and "too few for a steady-state figure" in s.format()
+    with timer.measure(n_items=2):
+        pass
+    assert timer.summary().median_ms is not None  # three after the first
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA events need a GPU")
 def test_cuda_events_time_device_work():
     timer = LatencyTimer("cuda:0")

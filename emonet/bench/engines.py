@@ -111,7 +111,7 @@ def run_child(args: argparse.Namespace) -> dict:
     from ..engine import Engine, EngineConfig, compare, conditioned_model, real_face_crops, varied_face_crops
     from ..engine.invariance import BATCH_SIZES, batch_spread
     from ..runtime import RuntimeConfig, configure
-    from ..timing import LatencyTimer, time_calls
+    from ..timing import STEADY_CALLS, LatencyTimer, time_calls
 
     t0 = process_start()
     mode = next(m for m in MODES if m.name == args.child)
@@ -163,7 +163,7 @@ def run_child(args: argparse.Namespace) -> dict:
     throughput = {}
     for bs in [b for b in batch_sizes if b > 1]:
         x = real_face_crops(bs).to(device)
-        calls = 2 if args.quick else max(3, args.iters // 10) + 1
+        calls = STEADY_CALLS + 1 if args.quick else max(STEADY_CALLS, args.iters // 10) + 1
         # As many untimed calls first: the first calls at a new batch size run slower than the rounds
         # after them (docs/PERFORMANCE.md).
         throughput[str(bs)] = time_calls(lambda: engine(x), device, calls, n_items=bs,

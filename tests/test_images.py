@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import cv2
 import numpy as np
 import pytest
@@ -44,6 +46,12 @@ def test_writes_are_whole_or_nothing(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["x.png"]
     with pytest.raises(InputError, match=r"x.png: is a file, not a folder; an output cannot go inside it"):
         check_writable_dir(tmp_path / "x.png" / "sub")  # under a file
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, a folder that takes no file")
+def test_a_folder_that_takes_no_file_is_said_as_such():
+    with pytest.raises(InputError, match=r"^/proc: no file can be created in this folder \(.+\); give a folder of your own$"):
+        check_writable_dir("/proc/")
 
 
 def test_images_are_read_ahead_in_order_with_the_unreadable_ones_said(tmp_path):

@@ -146,8 +146,12 @@ def check_writable_dir(path: Union[str, Path]) -> Path:
         if blocking is not None:  # mkdir would say only "File exists"
             raise InputError(f"{blocking}: is a file, not a folder; an output cannot go inside it")
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
     except OSError as exc:
         raise InputError(f"{path}: cannot write there ({exc.strerror or exc})") from None
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:  # a folder that is there but takes no file (read-only, or a system one such as /proc)
+        raise InputError(f"{path}: no file can be created in this folder ({exc.strerror or exc}); give a folder "
+                         f"of your own") from None
     return path

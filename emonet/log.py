@@ -71,21 +71,19 @@ def _is_terminal(stream) -> bool:
 
 
 class _Lines:
-    """A stream for a bar off a terminal: each redraw (after a carriage return) becomes a line of its own."""
+    """A stream for a bar off a terminal: each redraw a whole line of its own at once (so another line written to
+    the stream meanwhile, a warning or a result, never lands on it), the same line not twice."""
 
     def __init__(self, stream) -> None:
         self._stream = stream
-        self._open = False  # a line is written and not yet ended
+        self._last = ""
 
     def write(self, text: str) -> None:
-        for part in re.split(r"([\r\n])", text):
-            if part in ("\r", "\n"):
-                if self._open:
-                    self._stream.write("\n")
-                    self._open = False
-            elif part.strip():
-                self._stream.write(part.rstrip())
-                self._open = True
+        for part in re.split(r"[\r\n]", text):
+            line = part.rstrip()
+            if line and line != self._last:
+                self._stream.write(line + "\n")
+                self._last = line
 
     def flush(self) -> None:
         self._stream.flush()

@@ -38,3 +38,15 @@ def test_on_a_terminal_the_bar_is_tqdms_own():
     for _ in progress_bar(range(3), file=screen, mininterval=0):
         pass
     assert "\r" in screen.getvalue() and "3/3" in screen.getvalue()
+
+
+def test_off_a_terminal_other_lines_written_meanwhile_stay_lines_of_their_own():
+    from tqdm import tqdm
+
+    log = io.StringIO()
+    for i in progress_bar(range(3), every=0.01, file=log, desc="photos"):
+        time.sleep(0.02)
+        tqdm.write(f"image {i}: one face", file=log)
+    lines = log.getvalue().splitlines()
+    assert [line for line in lines if line.startswith("image")] == [f"image {i}: one face" for i in range(3)]
+    assert all(line.startswith(("image", "photos:")) for line in lines)

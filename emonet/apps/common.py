@@ -102,6 +102,8 @@ def exit_tool(code: int) -> NoReturn:
     """
     atexit._run_exitfuncs()  # multiprocessing's, logging's, whatever a library registered
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started without it
+            continue
         try:
             stream.flush()
         except (OSError, ValueError):  # a reader gone (a closed pipe) or a stream closed: nothing more to say

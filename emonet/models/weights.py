@@ -213,8 +213,17 @@ def _match(model: EmoNet, state_dict: Mapping[str, torch.Tensor], path: Path) ->
     # The model's own tensors are placeholders (built on the meta device, see load_model): the checkpoint's become
     # its tensors, each in the dtype the model declares (a checkpoint saved in half precision is widened, as a copy
     # into the model's tensors would).
-    model.load_state_dict({k: state_dict[k].to(dtype=v.dtype).contiguous() for k, v in expected.items()},
-                          strict=True, assign=True)
+    # A tensor stored under two keys, or a view into a larger storage, becomes a tensor of its own, as a copy into
+    # the model's would.
+    tensors, seen = {}, set()
+    for k, v in expected.items():
+        t = state_dict[k].to(dtype=v.dtype).contiguous()
+        storage = t.untyped_storage()
+        if storage.data_ptr() in seen or storage.nbytes() != t.nbytes:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        tensors[k] = t
+    model.load_state_dict(tensors, strict=True, assign=True)
 
 
 def load_model(weights: Union[str, Path] = "pretrained", n_expression: Optional[int] = None,

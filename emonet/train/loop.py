@@ -385,7 +385,7 @@ def _train(config: TrainConfig, out: Path, ddp, device_name: Optional[str]) -> T
             if clock is not None:
                 seconds += _now(device) - clock
             epoch_loss = float(loss_sum) / (counted + ran) if counted + ran else float("nan")
-            bar.set_postfix(loss=f"{epoch_loss:.3f}")
+            bar.set_postfix(loss=f"{epoch_loss:.3f}", refresh=False)  # shown as the bar closes
             bar.close()
             if stopped:  # (asked during an epoch's last step: the epoch is finished, and the next one stops at once)
                 start_step += ran  # resumed from the next step

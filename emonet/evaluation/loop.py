@@ -66,7 +66,7 @@ def predict(pipeline: Pipeline, dataset: FaceDataset, flip: bool = True, batch_s
     results: list[FaceResult] = []
     start = time.perf_counter()
     for crops, _, _, _, index in progress_bar(loader, desc="evaluating", unit="batch", disable=not progress,
-                                      file=sys.stderr):
+                                              file=sys.stderr):
         faces = [sample_face(dataset, int(i), k) for k, i in enumerate(index)]
         results += pipeline.collect(pipeline.launch([], faces, crops=crops, flip=flip))
     local = {"index": np.array([r.frame for r in results], dtype=np.int64),
@@ -159,7 +159,8 @@ def locate_faces(dataset: FaceDataset, pipeline: Pipeline, progress: bool = True
     """
     no_face, unreadable = [], []
     todo = [s for s in dataset.samples if s.matrix is None]
-    for s in progress_bar(todo, desc="detecting faces", unit="image", disable=not progress or not todo, file=sys.stderr):
+    for s in progress_bar(todo, desc="detecting faces", unit="image", disable=not progress or not todo,
+                          file=sys.stderr):
         try:
             image = read_image(s.path)
         except InputError:

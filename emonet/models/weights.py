@@ -102,7 +102,7 @@ def download_weights(weights: Weights, dest_dir: Union[str, Path], progress: boo
         with urllib.request.urlopen(weights.url, timeout=30) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
             with progress_bar(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                      desc=weights.filename, disable=not progress) as bar:
+                              desc=weights.filename, disable=not progress) as bar:
                 for chunk in iter(lambda: response.read(1 << 20), b""):
                     out.write(chunk)
                     bar.update(len(chunk))
@@ -210,20 +210,11 @@ def _match(model: EmoNet, state_dict: Mapping[str, torch.Tensor], path: Path) ->
         k = wrong[0]
         raise CheckpointError(f"{path} does not fit EmoNet: {len(wrong)} tensors have the wrong shape "
                               f"(first: {k} is {tuple(state_dict[k].shape)}, expected {tuple(expected[k].shape)})")
-    # The model's own tensors are placeholders (built on the meta device, see load_model): the checkpoint's become
-    # its tensors, each in the dtype the model declares (a checkpoint saved in half precision is widened, as a copy
-    # into the model's tensors would).
-    # A tensor stored under two keys, or a view into a larger storage, becomes a tensor of its own, as a copy into
-    # the model's would.
-    tensors, seen = {}, set()
-    for k, v in expected.items():
-        t = state_dict[k].to(dtype=v.dtype).contiguous()
-        storage = t.untyped_storage()
-        if storage.data_ptr() in seen or storage.nbytes() != t.nbytes:
-            t = t.clone()
-        seen.add(t.untyped_storage().data_ptr())
-        tensors[k] = t
-    model.load_state_dict(tensors, strict=True, assign=True)
+    # The model's own tensors are placeholders (built on the meta device, see load_model): a copy of each of the
+    # checkpoint's becomes its tensor, in the dtype the model declares, as copying into the model's tensors did (a
+    # half-precision checkpoint is widened; a tensor stored twice, or as a view, becomes a tensor of its own).
+    model.load_state_dict({k: state_dict[k].to(dtype=v.dtype, memory_format=torch.contiguous_format, copy=True)
+                           for k, v in expected.items()}, strict=True, assign=True)
 
 
 def load_model(weights: Union[str, Path] = "pretrained", n_expression: Optional[int] = None,

@@ -375,6 +375,30 @@ def test_close_crops_of_many_images_at_once_equal_each_images_own(photo):
         assert torch.equal(crops, alone)
 
 
+def test_mirrored_crops_see_the_image_mirrored_at_its_sides_and_others_are_unchanged(photo):
+    # A crop asked mirrored samples, beyond the image's left and right edges, the image reflected there: the same
+    # pixels as a crop of the image padded by reflection (numpy's "symmetric"); a crop beside it is as before.
+    from emonet.detection.crops import close_crops
+
+    image = np.ascontiguousarray(photo[:480, :480])
+    pad = 256  # a multiple of every pyramid level's step: the padded image's levels are the image's, padded
+    padded = np.pad(image, ((0, 0), (pad, pad), (0, 0)), mode="symmetric")
+    boxes = np.array([[-40.0, 100.0, 60.0, 200.0], [420.0, 50.0, 520.0, 190.0], [100.0, 300.0, 200.0, 400.0],
+                      [-30.0, 10.0, 50.0, 90.0]])
+    looks = [((1.8, 2.4, 3.0), 128), ((1.0, 1.25), 192)]
+    flips = np.array([True, True, True, False])
+    cpu = torch.device("cpu")
+    mirrored = close_crops([image], [boxes], looks, cpu, scaled=False, mirrored=[flips])
+    plain = close_crops([image], [boxes], looks, cpu, scaled=False)
+    shifted = close_crops([padded], [boxes + [pad, 0, pad, 0]], looks, cpu, scaled=False)
+    for (zooms, _), m, p, s in zip(looks, mirrored, plain, shifted):
+        z = len(zooms)
+        torch.testing.assert_close(m[:3 * z], s[:3 * z], atol=0.05, rtol=0)  # sampled the reflected image
+        assert torch.equal(m[3 * z:], p[3 * z:])                          # not asked: black beyond the edge
+        assert torch.equal(m[2 * z:3 * z], p[2 * z:3 * z])                # mirrored, but within the image
+        assert (m[:z] - p[:z]).abs().max() > 50                           # the left edge's crop sees more
+
+
 def test_merged_views_keep_a_face_once_the_best_box():
     from emonet.detection.blazeface import merge_detections
 

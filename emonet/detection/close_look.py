@@ -79,15 +79,17 @@ class CloseLook:
         # padded candidate count -> (CUDA graph, static inputs (front, ONet crops), static scores)
         self._graphs = Graphs(device, self._capture) if cuda_graphs else None
 
-    def launch(self, images: Sequence[Union[np.ndarray, torch.Tensor]], candidates: list[np.ndarray]) -> Looking:
+    def launch(self, images: Sequence[Union[np.ndarray, torch.Tensor]], candidates: list[np.ndarray],
+               mirrored: Optional[Sequence[np.ndarray]] = None) -> Looking:
         """Queue the candidates' scores, image by image: all images' crops at once, up to CLOSE_LOOK_BATCH
-        candidates a network call, on their way back in one copy."""
+        candidates a network call, on their way back in one copy; ``mirrored``: per image, the candidates whose
+        crops see the image mirrored at its sides (see :func:`.crops.close_crops`)."""
         if not any(len(faces) for faces in candidates):
             return Looking(candidates, None, None)
         # ONet's crops as MTCNN makes them, by area: sampled at four times its size, then 4x4 means.
         front, second = close_crops(images, [faces[:, :4] for faces in candidates],  # scaled by _net
                                     [(VERIFY_ZOOMS, self.front.size), (ONET_ZOOMS, 4 * ONET_SIZE)], self.device,
-                                    scaled=False)
+                                    scaled=False, mirrored=mirrored)
         n, a, b = sum(len(faces) for faces in candidates), len(VERIFY_ZOOMS), len(ONET_ZOOMS)
         scores = []
         for start in range(0, n, CLOSE_LOOK_BATCH):
@@ -95,9 +97,10 @@ class CloseLook:
             scores.append(self._scores(front[start * a:(start + k) * a], second[start * b:(start + k) * b], k))
         return Looking(candidates, *to_host(torch.cat(scores) if len(scores) > 1 else scores[0]))
 
-    def scores(self, images: Sequence[Union[np.ndarray, torch.Tensor]], candidates: list[np.ndarray]) -> np.ndarray:
+    def scores(self, images: Sequence[Union[np.ndarray, torch.Tensor]], candidates: list[np.ndarray],
+               mirrored: Optional[Sequence[np.ndarray]] = None) -> np.ndarray:
         """The candidates' scores (see :meth:`launch`), waited for."""
-        return self.launch(images, candidates).scores()
+        return self.launch(images, candidates, mirrored).scores()
 
     def warmup(self, shape: tuple) -> None:
         """Crops and both networks once on a made-up candidate in a blank image of ``shape`` and, unless in the

@@ -7,7 +7,7 @@ alone (:func:`close_crops`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ CROP_PIXELS = 1 << 24
 
 def close_crops(images: Sequence[Union[np.ndarray, torch.Tensor]], boxes: Sequence[np.ndarray],
                 looks: Sequence[tuple[Sequence[float], int]], device: torch.device,
-                scaled: bool = True) -> list[torch.Tensor]:
+                scaled: bool = True, mirrored: Optional[Sequence[np.ndarray]] = None) -> list[torch.Tensor]:
     """Per look ``(zooms, size)``, the square crops ``zoom`` times each box's longer side around its centre
     (black beyond the image), resampled to ``size``, of every image's boxes: ``(crops, 3, size, size)`` in
     [-1, 1] (``scaled=False``: in [0, 255], for :func:`scale_crops`) on ``device``, image by image, box by box,
@@ -42,8 +42,14 @@ def close_crops(images: Sequence[Union[np.ndarray, torch.Tensor]], boxes: Sequen
     size are sampled together (one pyramid for a batch of them; per look and level one sampling call, their
     crops side by side): a crop's values do not depend on what else is sampled with it. Everything the device
     needs to know (each sampling call's coordinates, each crop's place) is worked out first and sent in one copy.
+
+    ``mirrored``: per image, per box, whether its crops see the image mirrored at its left and right edges
+    beyond them (instead of black): a face the frame's side cuts through is seen whole, as faces are nearly
+    symmetric left to right.
     """
     boxes = [np.asarray(b, np.float64).reshape(-1, 4) for b in boxes]
+    flips = [np.zeros(len(b), bool) if mirrored is None else np.asarray(mirrored[i], bool).reshape(len(b))
+             for i, b in enumerate(boxes)]
     counts = [sum(len(b) for b in boxes) * len(zooms) for zooms, _ in looks]
     first = np.cumsum([0] + [len(b) for b in boxes])  # each image's first box, counted over all images
     groups: dict = {}
@@ -61,14 +67,15 @@ def close_crops(images: Sequence[Union[np.ndarray, torch.Tensor]], boxes: Sequen
         top = max(int(np.floor(np.log2(max(min(height, width), 1)))), 0)  # the images' last halving
         for start in range(0, len(members), step):
             batch = members[start:start + step]
-            plans = [_crop_plan([boxes[i] for i in batch], [first[i] for i in batch], zooms, size, top)
+            plans = [_crop_plan([boxes[i] for i in batch], [first[i] for i in batch], zooms, size, top,
+                                [flips[i] for i in batch])
                      for zooms, size in looks]
             calls: list[list[_Sampling]] = [[] for _ in range(max(int(p[3].max()) for p in plans) + 1)]
-            for n, ((zooms, size), (image, rows, geometry, levels)) in enumerate(zip(looks, plans)):
+            for n, ((zooms, size), (image, rows, geometry, levels, flip)) in enumerate(zip(looks, plans)):
                 for k in np.unique(levels):
                     chosen = np.flatnonzero(levels == k)
                     xy, slot, slots = _sample_coordinates(len(batch), height >> k, width >> k, image[chosen],
-                                                          geometry[chosen], 2.0 ** k, size)
+                                                          geometry[chosen], 2.0 ** k, size, flip[chosen])
                     places[n][rows[chosen]] = taken[n] + image[chosen] * slots + slot
                     taken[n] += len(batch) * slots
                     calls[k].append(_Sampling(n, size, slots, used, xy.size))
@@ -117,9 +124,10 @@ class _Sampling:
 
 
 def _crop_plan(boxes: Sequence[np.ndarray], firsts: Sequence[int], zooms: Sequence[float], size: int,
-               top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """For images' boxes at ``zooms``: per crop its image (in the batch), its output row, ``(cx, cy, side)``
-    and its pyramid level (where its step is 1 to 2 pixels, at most ``top``)."""
+               top: int, flips: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For images' boxes at ``zooms``: per crop its image (in the batch), its output row, ``(cx, cy, side)``,
+    its pyramid level (where its step is 1 to 2 pixels, at most ``top``) and whether it is mirrored (``flips``,
+    per box)."""
     zooms = np.asarray(zooms, np.float64)
     counts = np.array([len(b) for b in boxes])
     these = np.concatenate(boxes)
@@ -131,16 +139,17 @@ def _crop_plan(boxes: Sequence[np.ndarray], firsts: Sequence[int], zooms: Sequen
     geometry = np.stack([np.repeat((these[:, 0] + these[:, 2]) / 2, len(zooms)),
                          np.repeat((these[:, 1] + these[:, 3]) / 2, len(zooms)), sides.reshape(-1)], axis=1)
     levels = np.clip(np.floor(np.log2(np.maximum(geometry[:, 2] / size, 1.0))), 0, top).astype(int)
-    return image, rows, geometry, levels
+    return image, rows, geometry, levels, np.repeat(np.concatenate(flips), len(zooms))
 
 
 def _sample_coordinates(n_images: int, height: int, width: int, image: np.ndarray, geometry: np.ndarray,
-                        scale: float, size: int) -> tuple[np.ndarray, np.ndarray, int]:
+                        scale: float, size: int, flip: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray, int]:
     """Where crops ``(cx, cy, side)`` (image pixels; ``scale`` of them a pixel of a pyramid level of ``height`` x
     ``width``) of the batch's images ``image`` sample it, in grid_sample's terms (-1 and 1 are the outer edges of
     the first and last pixels), each image's crops side by side in ``slots`` slots: ``(2, n_images, slots,
     size)`` float32 (each output column's x, each output row's y), each crop's slot, and ``slots``. An empty slot
-    samples far outside (black, then dropped)."""
+    samples far outside (black, then dropped). A crop of ``flip`` samples the level mirrored at its left and right
+    edges beyond them (its x reflected about -1 and 1, as grid_sample's reflection padding does)."""
     # Each crop's place among its image's (the crops come image by image).
     starts = np.flatnonzero(np.r_[True, image[1:] != image[:-1]])
     slot = np.arange(len(image)) - np.repeat(starts, np.diff(np.r_[starts, len(image)]))
@@ -156,6 +165,12 @@ def _sample_coordinates(n_images: int, height: int, width: int, image: np.ndarra
     xy = np.empty((2, n_images, slots, size), np.float32)
     xy[0] = maps[:, :, 0:1] * steps + maps[:, :, 1:2]
     xy[1] = maps[:, :, 2:3] * steps + maps[:, :, 3:4]
+    if flip is not None and flip.any():
+        # Reflected, then held within the outer pixels' centres: bilinear sampling there would otherwise reach
+        # the black beyond the edge for its last half pixel.
+        x = xy[0, image[flip], slot[flip]]
+        x = np.where(x < -1, -2 - x, np.where(x > 1, 2 - x, x))
+        xy[0, image[flip], slot[flip]] = np.clip(x, 1.0 / width - 1, 1 - 1.0 / width)
     return xy, slot, slots
 
 

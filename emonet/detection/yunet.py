@@ -8,8 +8,9 @@ The weights ship with this package (``yunet.pth``, converted once from libfacede
 An image is scaled to at most MAX_SIDE on its long side (never up), its sides padded with black to multiples of 32.
 On a GPU the resizing runs there, the network runs as a CUDA graph per input size and batch, and only each image's
 TOP_K best points come back to the host, where the boxes over the threshold are kept after non-maximum suppression.
-Verified (the default), each candidate is then looked at close up (:mod:`.close_look`), except one the frame's edge
-cuts: the close look's crops would be black beyond the frame, where its networks never saw a face.
+Verified (the default), each candidate is then looked at close up (:mod:`.close_look`). A candidate the frame's left or
+right edge cuts is looked at in the frame mirrored there; one cut only at its top or bottom keeps YuNet's own score
+(see :func:`edge_rule`).
 """
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ DEFAULT_MIN_SCORE = 0.8
 # video already follows is 0.1 under the threshold): a lower hold score than that finds nothing more.
 CANDIDATE_SCORE = 0.5
 HOLD_MARGIN = 0.1
+# Where the frame's edge cuts a candidate (the sixth column of YuNet's candidates): its left or right side, or only
+# its top or bottom.
+SIDE_CUT, END_CUT = 2.0, 1.0
 NMS_IOU = 0.3            # as OpenCV's FaceDetectorYN samples use it
 # A YuNet box becomes a crop as BlazeFace's does (base.FaceDetector), with its own constants: the medians that put
 # its crops where BlazeFace's are, over 425 faces of 20-600 px in ordinary photos (alike for small and large faces;
@@ -71,6 +75,15 @@ def input_geometry(shape: tuple,
     scale = min(1.0, max_side / max(h, w))
     nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
     return (nh, nw), (-(-nh // CELL) * CELL, -(-nw // CELL) * CELL), (nw / w, nh / h)
+
+
+def edge_rule(cut: np.ndarray, yunet: np.ndarray, close: np.ndarray) -> np.ndarray:
+    """Candidates' scores from YuNet's and the close look's: the lower of the two; for a face the frame's left or
+    right edge cuts, their mean (its close look sees the frame mirrored there: a face is nearly symmetric, so the
+    half inside stands for the half outside, while YuNet sees half a face and scores it lower); for one only its
+    top or bottom cuts, YuNet's own (the close look's crops are black beyond the frame, where its networks never
+    saw a face)."""
+    return np.where(cut == SIDE_CUT, (yunet + close) / 2, np.where(cut == END_CUT, yunet, np.minimum(yunet, close)))
 
 
 class Part(NamedTuple):
@@ -161,7 +174,8 @@ class YuNetDetector(FaceDetector):
         if not self.verify or isinstance(handle, Looking):
             return handle
         floor = min(CANDIDATE_SCORE, self.min_score - HOLD_MARGIN)
-        return self.close_look.launch(handle.images, self._candidates(handle, floor, edge=True))
+        candidates = self._candidates(handle, floor, edge=True)
+        return self.close_look.launch(handle.images, candidates, [c[:, 5] == SIDE_CUT for c in candidates])
 
     def collect(self, handle: Union[Proposed, Looking], min_score: Optional[float] = None) -> list[np.ndarray]:
         """The faces of a :meth:`launch` (advanced or not) from ``min_score`` (default the threshold); verified, no
@@ -172,14 +186,14 @@ class YuNetDetector(FaceDetector):
         looking = self.advance(handle)
         out = []
         for candidates, close in zip(looking.candidates, looking.per_image()):
-            faces = candidates[:, :5].copy()  # (the sixth column: whether the frame's edge cuts it)
-            faces[:, 4] = np.where(candidates[:, 5] > 0, faces[:, 4], np.minimum(faces[:, 4], close))
+            faces = candidates[:, :5].copy()  # (the sixth column: where the frame's edge cuts it)
+            faces[:, 4] = edge_rule(candidates[:, 5], faces[:, 4], close)
             out.append(best_first(faces, least))
         return out
 
     def _candidates(self, handle: Proposed, least: float, edge: bool = False) -> list[np.ndarray]:
         """Each image's boxes from ``least``, after non-maximum suppression, best first; ``edge``: with a sixth
-        column, 1 where the image's edge cuts the box (see AT_EDGE)."""
+        column, where the image's edge cuts the box (SIDE_CUT, END_CUT or 0; see AT_EDGE)."""
         out: list[np.ndarray] = [np.zeros((0, 6 if edge else 5))] * handle.count
         for members, shape, rows, done, scale in handle.parts:
             if done is not None:
@@ -201,7 +215,8 @@ class YuNetDetector(FaceDetector):
             if edge:
                 h, w = shape[:2]
                 m = AT_EDGE * max(h, w)
-                cut = (boxes[..., 0] < m) | (boxes[..., 1] < m) | (boxes[..., 2] > w - m) | (boxes[..., 3] > h - m)
+                side = (boxes[..., 0] < m) | (boxes[..., 2] > w - m)
+                cut = np.where(side, SIDE_CUT, np.where((boxes[..., 1] < m) | (boxes[..., 3] > h - m), END_CUT, 0))
                 columns.append(cut[..., None].astype(np.float64))
             found = np.concatenate(columns, axis=2)
             for k, i in enumerate(members):

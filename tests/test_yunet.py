@@ -81,7 +81,7 @@ def test_a_face_the_frames_edge_cuts_in_half_is_found(detector, side):
     h, w = cut.shape[:2]
     visible = np.clip(np.array([x1 - left, y1 - top, x2 - left, y2 - top], float), 0, [w, h, w, h])
     assert iou(face, visible) > 0.5, (face, visible)
-    # BlazeFace's detector, today's default, misses most such faces (see docs/PERFORMANCE.md)
+    # BlazeFace (`--detector blazeface`) misses most such faces (see docs/PERFORMANCE.md)
 
 
 @pytest.mark.parametrize("path", sorted((DATA / "portraits").glob("*.jpg")), ids=lambda p: p.name)

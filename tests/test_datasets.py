@@ -88,8 +88,18 @@ def test_csv_dataset_names_indices_boxes_and_landmarks(tmp_path):
     ("image,expression\na.jpg,9\n", "outside 0-7"),
     ("name,expression\na.jpg,1\n", "needs an image path column"),
     ("image,valence\na.jpg,high\n", "'high' is not a number"),
+    ("image,landmarks\na.jpg,1 2 x\n", "l.csv:2: 'x' is not a number"),
 ])
 def test_csv_errors_name_the_line(tmp_path, text, message):
     (tmp_path / "l.csv").write_text(text)
+    with pytest.raises(DatasetError, match=message):
+        csv_dataset(tmp_path / "l.csv", None, EXPRESSIONS_8)
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"\xff\xd8\xff\xe0\x00\x10JFIF\x00", "not a text CSV"),   # a JPEG given as the CSV
+])
+def test_a_file_that_is_no_csv_is_one_error(tmp_path, data, message):
+    (tmp_path / "l.csv").write_bytes(data)
     with pytest.raises(DatasetError, match=message):
         csv_dataset(tmp_path / "l.csv", None, EXPRESSIONS_8)

@@ -218,6 +218,19 @@ def csv_dataset(csv_path: Path, root: Optional[Path], class_names: Sequence[str]
     if not csv_path.is_file():
         raise DatasetError(f"{csv_path}: CSV file not found")
     base = Path(root) if root else csv_path.parent
+    try:
+        samples = _csv_samples(csv_path, base, class_names)
+    except UnicodeDecodeError:
+        raise DatasetError(f"{csv_path}: not a text CSV (it is not UTF-8 text); give a CSV of image paths and "
+                           f"labels") from None
+    except csv.Error as exc:
+        raise DatasetError(f"{csv_path}: not a CSV the reader can parse ({exc})") from None
+    if not samples:
+        raise DatasetError(f"{csv_path}: no rows")
+    return FaceDataset(samples, class_names, f"CSV {csv_path.name}")
+
+
+def _csv_samples(csv_path: Path, base: Path, class_names: Sequence[str]) -> list:
     with open(csv_path, newline="", encoding="utf-8-sig") as fh:
         reader = csv.DictReader(fh)
         columns = [c.strip().lower() for c in (reader.fieldnames or [])]
@@ -231,7 +244,7 @@ def csv_dataset(csv_path: Path, root: Optional[Path], class_names: Sequence[str]
             where = f"{csv_path}:{line}"
             matrix, box = None, None
             if row.get("landmarks", "").strip():
-                pts = np.array([float(t) for t in row["landmarks"].replace(";", " ").replace(",", " ").split()])
+                pts = np.array([_number(t, where) for t in row["landmarks"].replace(";", " ").replace(",", " ").split()])
                 if pts.size != 136:
                     raise DatasetError(f"{where}: landmarks need 136 numbers, found {pts.size}")
                 matrix = box_to_matrix(landmarks_box(pts.reshape(68, 2)), LANDMARK_REFERENCE_SCALE)
@@ -245,6 +258,4 @@ def csv_dataset(csv_path: Path, root: Optional[Path], class_names: Sequence[str]
             samples.append(Sample(base / row[path_col].strip(), matrix,
                                   _label(row.get("expression", ""), class_names, where),
                                   _number(row.get("valence"), where), _number(row.get("arousal"), where), box))
-    if not samples:
-        raise DatasetError(f"{csv_path}: no rows")
-    return FaceDataset(samples, class_names, f"CSV {csv_path.name}")
+    return samples

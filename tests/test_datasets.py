@@ -89,11 +89,43 @@ def test_csv_dataset_names_indices_boxes_and_landmarks(tmp_path):
     ("name,expression\na.jpg,1\n", "needs an image path column"),
     ("image,valence\na.jpg,high\n", "'high' is not a number"),
     ("image,landmarks\na.jpg,1 2 x\n", "l.csv:2: 'x' is not a number"),
+    ("image,valence\na.jpg,2.5\n", r"l.csv:2: valence 2.5 is outside \[-1, 1\]"),
+    ("image,arousal\na.jpg,0.1\nb.jpg,-3\n", r"l.csv:3: arousal -3 is outside \[-1, 1\]"),
+    ("image,valence\na.jpg,inf\n", r"l.csv:2: valence inf is outside \[-1, 1\]"),
+    # AffectNet's "no label" code is no label in a CSV: an empty cell is.
+    ("image,valence,arousal\na.jpg,-2,-2\n", r"valence -2 is outside \[-1, 1\].*leave the cell empty for no label"),
+    ("image,expression\na.jpg,-1\n", "l.csv:2: expression index -1 outside 0-7, the model's 8 classes"),
+    ("image,expression\na.jpg,1.5\n", "l.csv:2: expression '1.5' is no class index"),
 ])
 def test_csv_errors_name_the_line(tmp_path, text, message):
     (tmp_path / "l.csv").write_text(text)
     with pytest.raises(DatasetError, match=message):
         csv_dataset(tmp_path / "l.csv", None, EXPRESSIONS_8)
+
+
+def test_labels_at_the_ends_of_their_ranges_and_empty_cells_are_kept(tmp_path):
+    (tmp_path / "l.csv").write_text("image,expression,valence,arousal\na.jpg,7,-1,1\nb.jpg,0.0,1.0,-1.0\nc.jpg,,,\n")
+    a, b, c = csv_dataset(tmp_path / "l.csv", None, EXPRESSIONS_8).samples
+    assert (a.label, a.valence, a.arousal) == (7, -1.0, 1.0) and (b.label, b.valence, b.arousal) == (0, 1.0, -1.0)
+    assert c.label == -1 and np.isnan(c.valence) and np.isnan(c.arousal)
+
+
+def test_an_index_outside_a_five_class_model_names_its_classes(tmp_path):
+    (tmp_path / "l.csv").write_text("image,expression\na.jpg,6\n")
+    with pytest.raises(DatasetError, match="l.csv:2: expression index 6 outside 0-4, the model's 5 classes"):
+        csv_dataset(tmp_path / "l.csv", None, EXPRESSIONS_8[:5])
+
+
+def test_affectnet_no_label_codes_are_dropped_with_their_class_not_refused(tmp_path):
+    # AffectNet gives its None, Uncertain and Non-Face classes (8-10) valence and arousal -2: outside the
+    # class set, so dropped as such before any range applies.
+    t = np.linspace(0, 2 * np.pi, 68, endpoint=False)
+    lm = np.stack([100 + 40 * np.cos(t), 100 + 50 * np.sin(t)], axis=1).astype(np.float32)
+    index = {"a.jpg": {"expression": 1, "valence": 0.6, "arousal": 0.2, "landmarks_fan": lm},
+             **{f"{c}.jpg": {"expression": c, "valence": -2.0, "arousal": -2.0, "landmarks_fan": lm} for c in (8, 9, 10)}}
+    (tmp_path / "test_fullpath.pkl").write_bytes(pickle.dumps(index))
+    ds, counts = affectnet(tmp_path, "test", 8, EXPRESSIONS_8)
+    assert counts["not_in_class_set"] == 3 and counts["kept"] == 1 and ds.samples[0].valence == 0.6
 
 
 @pytest.mark.parametrize("data, message", [

@@ -187,3 +187,11 @@ def test_argument_errors_are_one_line_pointing_to_help():
     run = evaluate("--dataset", "csv", "--csv", "x.csv", "--batch-size", "0")
     assert run.returncode == 2 and run.stderr.strip().count("\n") == 0, run.stderr
     assert "--batch-size must be at least 1, not 0 (see " in run.stderr and "--help)" in run.stderr
+
+
+def test_a_label_out_of_range_is_one_line_naming_the_row_and_the_range(tmp_path):
+    (tmp_path / "l.csv").write_text(f"image,expression,valence,arousal\n{SAMPLE_PHOTO},Happy,0.5,0.1\n"
+                                    f"{SAMPLE_PHOTO},Sad,2.5,0.1\n")
+    run = evaluate("--dataset", "csv", "--csv", tmp_path / "l.csv", "--weights", "random", "--device", "cpu")
+    assert run.returncode == 2 and run.stderr.strip().splitlines()[-1].startswith("error: "), run.stderr
+    assert "l.csv:3: valence 2.5 is outside [-1, 1]" in run.stderr and "Traceback" not in run.stderr

@@ -188,13 +188,18 @@ def _label(value: str, class_names: Sequence[str], where: str) -> int:
     lowered = [c.lower() for c in class_names]
     if value.lower() in lowered:
         return lowered.index(value.lower())
+    last = len(class_names) - 1
+    use = f"use an index 0-{last} or one of {', '.join(class_names)}, or leave the cell empty for no label"
     try:
-        idx = int(float(value))
+        number = float(value)
     except ValueError:
-        raise DatasetError(f"{where}: unknown expression {value!r} (use an index 0-{len(class_names) - 1} "
-                           f"or one of {', '.join(class_names)})") from None
-    if not 0 <= idx < len(class_names):
-        raise DatasetError(f"{where}: expression index {idx} outside 0-{len(class_names) - 1}")
+        raise DatasetError(f"{where}: unknown expression {value!r} ({use})") from None
+    if not number.is_integer():
+        raise DatasetError(f"{where}: expression {value!r} is no class index ({use})")
+    idx = int(number)
+    if not 0 <= idx <= last:
+        raise DatasetError(f"{where}: expression index {idx} outside 0-{last}, the model's {len(class_names)} "
+                           f"classes ({use})")
     return idx
 
 
@@ -205,6 +210,16 @@ def _number(value: Optional[str], where: str) -> float:
         return float(value)
     except ValueError:
         raise DatasetError(f"{where}: {value!r} is not a number") from None
+
+
+def _circumplex(value: Optional[str], name: str, where: str) -> float:
+    """A valence or arousal label: nan where the cell is empty, else a number in [-1, 1]."""
+    number = _number(value, where)
+    # A "no label" code (AffectNet's -2, say) would be scored as a real value: refused, an empty cell is the way.
+    if not (np.isnan(number) or -1.0 <= number <= 1.0):
+        raise DatasetError(f"{where}: {name} {number:g} is outside [-1, 1] (the circumplex's range); give a value "
+                           f"from -1 to 1, or leave the cell empty for no label")
+    return number
 
 
 def csv_dataset(csv_path: Path, root: Optional[Path], class_names: Sequence[str]) -> FaceDataset:
@@ -257,5 +272,6 @@ def _csv_samples(csv_path: Path, base: Path, class_names: Sequence[str]) -> list
                 matrix = box_to_matrix(box, S3FD_REFERENCE_SCALE, DETECTOR_SHIFT)
             samples.append(Sample(base / row[path_col].strip(), matrix,
                                   _label(row.get("expression", ""), class_names, where),
-                                  _number(row.get("valence"), where), _number(row.get("arousal"), where), box))
+                                  _circumplex(row.get("valence"), "valence", where),
+                                  _circumplex(row.get("arousal"), "arousal", where), box))
     return samples

@@ -124,6 +124,29 @@ def test_bad_invocations_are_one_line(tmp_path):
 def test_help_has_a_try_it_example_and_the_exit_codes():
     run = evaluate("--help")
     assert run.returncode == 0 and "--weights random" in run.stdout and "exit codes:" in run.stdout
+    codes = run.stdout[run.stdout.index("exit codes:"):]
+    # The evaluation's own codes: images and the dataset, no video tool's frames.
+    assert "frame" not in codes and "2 bad input or options (a dataset file, a label" in codes
+    assert "3 the report or predictions could not be written" in codes and "130 interrupted" in codes
+
+
+def test_an_output_that_cannot_be_written_is_one_line_and_exit_3(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import emonet.io.atomic
+    from emonet.apps.evaluate import main
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(emonet.io.atomic, "write_text", full)
+    # A given box: no detector, one face, one engine call.
+    (tmp_path / "l.csv").write_text(f"image,valence,x1,y1,x2,y2\n{SAMPLE_PHOTO},0.5,150,40,300,240\n")
+    code = main(["--dataset", "csv", "--csv", str(tmp_path / "l.csv"), "--weights", "random", "--device", "cpu",
+                 "--workers", "0", "--no-flip", "--report", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err
+    assert code == 3 and f"error: {tmp_path / 'r.json'}: could not be written (No space left on device)" in err, err
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_published_table_layout():

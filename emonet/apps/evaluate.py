@@ -9,7 +9,7 @@ import sys
 from typing import Optional
 
 from ..cli import ToolParser
-from ..errors import EXIT_CODES
+from ..errors import OutputError
 from .common import add_model_arguments, exit_tool, model_options, run_tool
 
 EXAMPLES = """examples:
@@ -17,6 +17,13 @@ EXAMPLES = """examples:
   %(prog)s --dataset csv --csv labels.csv --predictions predictions.csv
   %(prog)s --dataset csv --csv labels.csv --weights random --skip-missing  # try it without the released weights
   torchrun --nproc-per-node 4 -m emonet.apps.evaluate --dataset affectnet --root /data/AffectNet  # several GPUs
+"""
+
+# The other tools' codes speak of frames and of inputs read in part; an evaluation scores the whole dataset or stops.
+EXIT_CODES = """exit codes: 0 done (images left out by --skip-missing are counted in the report);
+  2 bad input or options (a dataset file, a label, a missing or unreadable image, an image with no face
+  found); 3 the report or predictions could not be written; 130 interrupted (Ctrl-C: the report and
+  predictions are written only once every image is scored, so none are left)
 """
 
 
@@ -78,7 +85,6 @@ def run(args: argparse.Namespace, model) -> int:
     from ..evaluation.datasets import DatasetError, affectnet, csv_dataset
     from ..distributed import join
     from ..evaluation.loop import PUBLISHED, locate_faces, predict, predictions_csv, published_table, score
-    from ..io.atomic import write_text
     from ..io.images import check_output_file
     from ..pipeline import Pipeline
     from ..provenance import provenance
@@ -173,12 +179,23 @@ def run(args: argparse.Namespace, model) -> int:
                       "processes": ddp.world,
                       "images_per_s": rate, "metrics": metrics,
                       "published": PUBLISHED.get(n_classes) if args.dataset == "affectnet" else None}
-            write_text(args.report, json.dumps(report, indent=2) + "\n")
+            write_output(args.report, json.dumps(report, indent=2) + "\n")
         if args.predictions:
-            write_text(args.predictions, predictions_csv(dataset, preds))
+            write_output(args.predictions, predictions_csv(dataset, preds))
         return 0
     finally:
         ddp.close()
+
+
+def write_output(path: str, text: str) -> None:
+    """Write an output file whole or not at all; a failure is an :class:`~emonet.errors.OutputError` (exit 3)."""
+    from ..io.atomic import write_text
+
+    try:
+        write_text(path, text)
+    except OSError as exc:
+        raise OutputError(f"{path}: could not be written ({exc.strerror or exc}); the metrics are on the console "
+                          f"above: free some space or give another path, and run again") from None
 
 
 def cli() -> None:

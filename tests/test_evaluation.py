@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from emonet.engine.check import SAMPLE_PHOTO
-from emonet.evaluation.loop import PUBLISHED, published_table
+from emonet.classes import EXPRESSIONS_8
+from emonet.evaluation.datasets import csv_dataset
+from emonet.evaluation.loop import PUBLISHED, Predictions, path_from, predictions_csv, published_table
 from tests.affectnet_fixture import make_affectnet
 
 pytestmark = pytest.mark.slow  # end-to-end: the tools in processes of their own
@@ -24,11 +26,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def evaluate(*args, torchrun=0):
+def evaluate(*args, torchrun=0, cwd=ROOT):
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(torchrun),
                 "--master-addr", "127.0.0.1", "--master-port", str(_free_port())] if torchrun else [sys.executable]
     return subprocess.run([*launcher, str(ROOT / "test.py"), *map(str, args)], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+                          timeout=300, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,7 @@ def test_affectnet_protocol_report(single_run):
     dropped = {k: v for k, v in report["counts"].items() if k not in ("in_index", "kept") and v}
     assert dropped and f"dropped {sum(dropped.values())} samples: " in run.stderr  # said on the console
     rows = list(csv.DictReader(predictions.open()))
-    assert len(rows) == 7 and rows[0]["path"].endswith("img_0.jpg") and "p_Contempt" in rows[0]
+    assert len(rows) == 7 and rows[0]["image"].endswith("img_0.jpg") and "p_Contempt" in rows[0]
 
 
 def test_two_processes_give_the_single_process_metrics(single_run, affectnet_root, ckpt_dir, tmp_path):
@@ -76,8 +78,8 @@ def test_two_processes_give_the_single_process_metrics(single_run, affectnet_roo
         # Untrained weights predict nearly the same value for every face (spread ~2e-4), so PCC divides
         # by a tiny deviation: the 1e-7 rounding differences of other batch compositions move it by 1e-4.
         assert report["metrics"][dim]["PCC"] == pytest.approx(single["metrics"][dim]["PCC"], rel=2e-3)
-    ours = [r["valence"] for r in csv.DictReader((tmp_path / "p.csv").open())]
-    theirs = [r["valence"] for r in csv.DictReader(single_run[2].open())]
+    ours = [r["pred_valence"] for r in csv.DictReader((tmp_path / "p.csv").open())]
+    theirs = [r["pred_valence"] for r in csv.DictReader(single_run[2].open())]
     assert np.allclose(np.array(ours, float), np.array(theirs, float), atol=1e-5)
 
 
@@ -183,9 +185,9 @@ def test_several_faces_are_said_and_the_face_rule_chooses(ckpt_dir, tmp_path):
                        "--device", "cpu", "--workers", "0", "--face", rule, "--predictions", tmp_path / f"{rule}.csv")
         assert run.returncode == 0, run.stderr
         assert "note: 1 image held several faces" in run.stderr and "--face score|largest|central" in run.stderr
-        row = next(r for r in csv.DictReader((tmp_path / f"{rule}.csv").open()) if r["path"].endswith("two.png"))
+        row = next(r for r in csv.DictReader((tmp_path / f"{rule}.csv").open()) if r["image"].endswith("two.png"))
         assert int(row["faces_found"]) >= 2
-        boxes[rule] = float(row["x2"]) - float(row["x1"])
+        boxes[rule] = float(row["detected_x2"]) - float(row["detected_x1"])
     assert boxes["largest"] > 1.5 * boxes["central"], boxes
 
 
@@ -218,3 +220,65 @@ def test_a_label_out_of_range_is_one_line_naming_the_row_and_the_range(tmp_path)
     run = evaluate("--dataset", "csv", "--csv", tmp_path / "l.csv", "--weights", "random", "--device", "cpu")
     assert run.returncode == 2 and run.stderr.strip().splitlines()[-1].startswith("error: "), run.stderr
     assert "l.csv:3: valence 2.5 is outside [-1, 1]" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_the_predictions_file_reads_back_as_csv_with_the_same_metrics(tmp_path):
+    import shutil
+
+    portraits = ROOT / "tests" / "data" / "portraits"
+    (tmp_path / "data").mkdir()
+    for name in ("biden.jpg", "obama2.jpg"):
+        shutil.copy(portraits / name, tmp_path / "data" / name)
+    # Paths relative to the CSV's folder; one face the detector finds, one a box gives.
+    (tmp_path / "data" / "labels.csv").write_text("image,expression,valence,arousal,x1,y1,x2,y2\n"
+                                                  "biden.jpg,Happy,0.5,0.2,,,,\n"
+                                                  "obama2.jpg,sad,-0.4,,110,130,280,370\n")
+    (tmp_path / "out").mkdir()
+    common = ("--weights", "random", "--device", "cpu", "--workers", "0", "--no-flip")
+    # Run from the data's parent, with relative paths: the paths written must not depend on where the tool ran.
+    first = evaluate("--dataset", "csv", "--csv", "data/labels.csv", *common, "--predictions", "out/p.csv",
+                     "--report", "out/first.json", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    rows = list(csv.DictReader((tmp_path / "out" / "p.csv").open()))
+    assert [r["image"] for r in rows] == ["../data/biden.jpg", "../data/obama2.jpg"]
+    assert [(r["expression"], r["valence"], r["arousal"]) for r in rows] == [("Happy", "0.5", "0.2"), ("Sad", "-0.4", "")]
+    assert all(r["pred_expression"] and -1 <= float(r["pred_valence"]) <= 1 for r in rows)
+    assert rows[0]["faces_found"] == "1" and rows[0]["x1"] == "" and rows[1]["x1"] == "110.0"
+    again = evaluate("--dataset", "csv", "--csv", tmp_path / "out" / "p.csv", *common,
+                     "--report", tmp_path / "again.json")
+    assert again.returncode == 0, again.stderr
+    metrics = [json.loads(p.read_text())["metrics"] for p in (tmp_path / "out" / "first.json", tmp_path / "again.json")]
+    assert set(metrics[0]) == {"expression", "valence", "arousal"} and metrics[0] == metrics[1]
+    # Written over the --csv, the predictions would replace the labels being read: refused before any work.
+    over = evaluate("--dataset", "csv", "--csv", tmp_path / "out" / "p.csv", *common, "--predictions",
+                    tmp_path / "out" / "p.csv")
+    assert over.returncode == 2 and "is also an input" in over.stderr, over.stderr
+
+
+def test_a_predictions_file_gives_back_each_sample_its_crop_labels_and_image(tmp_path):
+    lm = " ".join(f"{100 + 40 * np.cos(t):.3f} {120 + 50 * np.sin(t):.3f}" for t in np.linspace(0, 6.2, 68))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "l.csv").write_text("image,expression,valence,arousal,x1,y1,x2,y2,landmarks\n"
+                                             f"a.jpg,2,0.1,-0.25,,,,,{lm}\n"
+                                             "b.jpg,,,0.3333333333333333,10.5,20,110,140.25,\n")
+    given = csv_dataset(tmp_path / "data" / "l.csv", None, EXPRESSIONS_8)
+    preds = Predictions(np.arange(2), np.full((2, 8), 1 / 8), np.zeros(2), np.zeros(2))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "p.csv").write_text(predictions_csv(given, preds, tmp_path / "out"))
+    back = csv_dataset(tmp_path / "out" / "p.csv", None, EXPRESSIONS_8)
+    for a, b in zip(given.samples, back.samples):
+        assert a.path.resolve() == b.path.resolve() and a.label == b.label
+        assert np.array_equal([a.valence, a.arousal], [b.valence, b.arousal], equal_nan=True)
+        assert np.array_equal(a.matrix, b.matrix)  # the same crop, to the bit
+
+
+def test_a_path_is_relative_only_where_that_reaches_the_file(tmp_path):
+    image = tmp_path / "data" / "a.jpg"
+    image.parent.mkdir()
+    image.write_bytes(b"x")
+    (tmp_path / "deep" / "inner").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "deep" / "inner")
+    assert path_from(tmp_path / "out", image) == str(Path("..") / "data" / "a.jpg")
+    # Through the link, ".." is deep/, where no data/ is: the absolute path.
+    assert path_from(tmp_path / "link", image) == str(image)
+    assert path_from(None, image) == str(image)

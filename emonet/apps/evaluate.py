@@ -54,8 +54,10 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                              "evaluate the one it scores highest (default), the largest, or the one nearest "
                              "the centre; the console says how many images had several")
     parser.add_argument("--report", metavar="FILE", help="all metrics and counts as JSON")
-    parser.add_argument("--predictions", metavar="FILE", help="one CSV row per sample (a CSV without labels: "
-                                                              "predictions only)")
+    parser.add_argument("--predictions", metavar="FILE",
+                        help="one CSV row per sample: the image, its labels and the predictions (a CSV without "
+                             "labels: predictions only); it reads back as --csv (its image paths are relative "
+                             "to its own folder)")
     add_model_arguments(parser)
     args = parser.parse_args(argv)
     if args.batch_size < 1:
@@ -101,7 +103,8 @@ def run(args: argparse.Namespace, model) -> int:
             raise DatasetError(f"{given}: no such file or folder")
     for out in (args.report, args.predictions):
         if out:
-            check_output_file(out)
+            # An output over the --csv would replace the labels being scored (a predictions file is itself one).
+            check_output_file(out, inputs=[args.csv] if args.csv else [])
     ddp = join(model.device)
     try:
         model = replace(model, device=ddp.device(model.device))
@@ -181,7 +184,7 @@ def run(args: argparse.Namespace, model) -> int:
                       "published": PUBLISHED.get(n_classes) if args.dataset == "affectnet" else None}
             write_output(args.report, json.dumps(report, indent=2) + "\n")
         if args.predictions:
-            write_output(args.predictions, predictions_csv(dataset, preds))
+            write_output(args.predictions, predictions_csv(dataset, preds, Path(args.predictions).parent))
         return 0
     finally:
         ddp.close()

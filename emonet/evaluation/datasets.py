@@ -103,6 +103,7 @@ class Sample:
     arousal: float = float("nan")
     box: Optional[np.ndarray] = None  # for the CSV dataset's detector convention
     faces_found: Optional[int] = None  # faces the detector found (the one evaluated: --face)
+    landmarks: Optional[np.ndarray] = None  # (68, 2), where a CSV gave them: a predictions file repeats them
 
 
 class FaceDataset(Dataset):
@@ -257,12 +258,13 @@ def _csv_samples(csv_path: Path, base: Path, class_names: Sequence[str]) -> list
         for line, raw in enumerate(reader, start=2):
             row = {k.strip().lower(): (v or "") for k, v in raw.items() if k}
             where = f"{csv_path}:{line}"
-            matrix, box = None, None
+            matrix, box, landmarks = None, None, None
             if row.get("landmarks", "").strip():
                 pts = np.array([_number(t, where) for t in row["landmarks"].replace(";", " ").replace(",", " ").split()])
                 if pts.size != 136:
                     raise DatasetError(f"{where}: landmarks need 136 numbers, found {pts.size}")
-                matrix = box_to_matrix(landmarks_box(pts.reshape(68, 2)), LANDMARK_REFERENCE_SCALE)
+                landmarks = pts.reshape(68, 2)
+                matrix = box_to_matrix(landmarks_box(landmarks), LANDMARK_REFERENCE_SCALE)
             elif any(row.get(c, "").strip() for c in _BOX_COLUMNS):
                 given = [c for c in _BOX_COLUMNS if row.get(c, "").strip()]
                 if len(given) < len(_BOX_COLUMNS):
@@ -273,5 +275,5 @@ def _csv_samples(csv_path: Path, base: Path, class_names: Sequence[str]) -> list
             samples.append(Sample(base / row[path_col].strip(), matrix,
                                   _label(row.get("expression", ""), class_names, where),
                                   _circumplex(row.get("valence"), "valence", where),
-                                  _circumplex(row.get("arousal"), "arousal", where), box))
+                                  _circumplex(row.get("arousal"), "arousal", where), box, landmarks=landmarks))
     return samples

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -114,23 +116,53 @@ def published_table(metrics: dict, n_classes: Optional[int]) -> str:
     return "\n".join(lines)
 
 
-def predictions_csv(dataset: FaceDataset, preds: Predictions) -> str:
-    """One row per sample: path, label, prediction, probabilities by class, valence, arousal."""
+# Read back by the CSV reader (datasets.csv_dataset): its path and label columns, then the predictions.
+PREDICTION_COLUMNS = ("image", "expression", "valence", "arousal", "pred_expression", "pred_valence", "pred_arousal")
+
+
+def predictions_csv(dataset: FaceDataset, preds: Predictions, folder: Optional[Path] = None) -> str:
+    """One row per sample, a CSV the evaluation reads back as ``--csv``: the image (relative to ``folder``,
+    the file's own, where a relative path reaches it; else absolute), the true labels, the predictions and
+    probabilities by class, the crop the dataset gave (box or landmarks), and the face the detector chose."""
     names = dataset.class_names
     probs = preds.probabilities
     buf = io.StringIO()
     writer = csv.writer(buf)
-    # Which face was evaluated where the detector placed the crop: its box, and how many it found
-    # (the best-scoring one is taken); empty where the dataset gave the box or landmarks.
-    writer.writerow(["path", "label", "prediction", *[f"p_{n}" for n in names], "valence", "arousal",
-                     "faces_found", "x1", "y1", "x2", "y2"])
+    # The face evaluated where the detector placed the crop: how many it found and its box, in the detector's
+    # own convention; named apart from x1..y2, which the reader would take as a box to crop by S3FD's.
+    writer.writerow([*PREDICTION_COLUMNS, *[f"p_{n}" for n in names], "x1", "y1", "x2", "y2", "landmarks",
+                     "faces_found", "detected_x1", "detected_y1", "detected_x2", "detected_y2"])
     for k, i in enumerate(preds.index):
         s = dataset.samples[i]
-        found = [s.faces_found, *np.round(s.box, 2).tolist()] if s.faces_found is not None else [""] * 5
-        writer.writerow([str(s.path), names[s.label] if s.label >= 0 else "", names[int(probs[k].argmax())],
-                         *[f"{p:.6f}" for p in probs[k]], f"{preds.valence[k]:.6f}",
-                         f"{preds.arousal[k]:.6f}", *found])
+        detected = s.faces_found is not None
+        given_box = [_exact(v) for v in s.box] if s.box is not None and not detected else [""] * 4
+        landmarks = " ".join(map(_exact, s.landmarks.ravel())) if s.landmarks is not None else ""
+        found = [s.faces_found, *np.round(s.box, 2).tolist()] if detected else [""] * 5
+        writer.writerow([path_from(folder, s.path), names[s.label] if s.label >= 0 else "",
+                         _exact(s.valence), _exact(s.arousal), names[int(probs[k].argmax())],
+                         f"{preds.valence[k]:.6f}", f"{preds.arousal[k]:.6f}", *[f"{p:.6f}" for p in probs[k]],
+                         *given_box, landmarks, *found])
     return buf.getvalue()
+
+
+def _exact(value: float) -> str:
+    """A label as it was read (repr round-trips a float), empty where there is none."""
+    return "" if np.isnan(value) else repr(float(value))
+
+
+def path_from(folder: Optional[Path], path: Path) -> str:
+    """``path`` as a file in ``folder`` names it: relative where that reaches the same file, else absolute."""
+    target = os.path.abspath(path)
+    if folder is None:
+        return target
+    try:
+        relative = os.path.relpath(target, os.path.abspath(folder))
+    except ValueError:  # another drive (Windows): no relative path exists
+        return target
+    # ".." climbs the folder's real parent, which a symbolic link on the way may put elsewhere.
+    if os.path.realpath(os.path.join(folder, relative)) != os.path.realpath(target):
+        return target
+    return relative
 
 
 FACE_CHOICES = ("score", "largest", "central")

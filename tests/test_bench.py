@@ -70,7 +70,7 @@ def test_a_long_clip_is_the_short_one_repeated_with_every_frame_in_time(tmp_path
     assert len(times) == 45 and all(abs(t - i / 30) < 1e-3 for i, t in enumerate(times))
 
 
-def test_the_job_sweep_runs_every_job_in_a_fresh_process_and_reads_their_reports():
+def test_the_job_sweep_runs_every_job_in_a_fresh_process_and_reads_their_reports(capsys):
     from emonet.bench.run import job_sweep
     # Clips of up to `short` seconds, and every photo set but the largest, run `repeat` times.
     # (The largest set has a steady state: three images after the first.)
@@ -80,6 +80,17 @@ def test_the_job_sweep_runs_every_job_in_a_fresh_process_and_reads_their_reports
     assert "| video, analysis | 1 s (30 frames) |" in rows[0] and "| photos | 4 (4 images) |" in rows[-1]
     assert all(row.endswith("×** |") for row in rows[:2] + rows[3:])
     assert "| photos | 2 (2 images, the median of 2 runs) |" in rows[2] and re.search(r"×\*\* \([\d.]+, [\d.]+\) \|$", rows[2])
+    assert "\r" not in capsys.readouterr().err  # standard error is no terminal here: lines, not bar redraws
+
+
+def test_off_a_terminal_the_mode_comparison_writes_lines_not_bar_redraws(tmp_path):
+    with open(tmp_path / "err.txt", "w") as err:
+        out = subprocess.run([sys.executable, "-m", "emonet.bench", "--device", "cpu", "--quick", "--modes", "released",
+                              "--batch-sizes", "2", "--iters", "1"], stdout=subprocess.PIPE, stderr=err, text=True,
+                             timeout=600, cwd=ROOT)
+    text = (tmp_path / "err.txt").read_bytes().decode()  # as written: read_text would turn each \r into \n
+    assert out.returncode == 0 and "| released |" in out.stdout
+    assert "\r" not in text and "released: batch 1 " in text, text
 
 
 def test_help_names_the_command_and_shows_examples():

@@ -226,9 +226,11 @@ def _spawn(mode: str, args: argparse.Namespace, cache_dir: str) -> dict:
 def run_modes(names: list[str], args: argparse.Namespace) -> list[dict]:
     """Each named mode in fresh processes, a cold start then (compiled modes) a warm one: one row per mode."""
     from tqdm import tqdm
+
+    from ..log import progress_bar
     rows = []
     with tempfile.TemporaryDirectory(prefix="emonet-bench-") as tmp:
-        for name in tqdm(names, desc="modes", unit="mode", file=sys.stderr, leave=False):
+        for name in progress_bar(names, desc="modes", unit="mode", leave=False):
             cache = str(Path(tmp) / name)  # empty: a cold start for this mode
             row = {"mode": name, "cold": _spawn(name, args, cache)}
             # Only compiled modes keep anything on disk; an eager mode's second start equals its first.

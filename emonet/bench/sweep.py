@@ -76,6 +76,8 @@ def job_sweep(device: str, seconds: Sequence[int] = (10, 60, 300, 1800), photos:
     import numpy as np
     from tqdm import tqdm
 
+    from ..log import progress_bar
+
     def times(is_short: bool) -> int:
         return max(1, repeat) if is_short else 1
 
@@ -102,7 +104,7 @@ def job_sweep(device: str, seconds: Sequence[int] = (10, 60, 300, 1800), photos:
                                         str(tmp / "p.json")], times(n < max(photos))) for n in photos]
         order = [k for r in range(max(j[4] for j in jobs)) for k, job in enumerate(jobs) if r < job[4]]
         done: dict[int, list] = {k: [] for k in range(len(jobs))}  # job -> [(result, floor)]
-        for k in tqdm(order, desc="jobs", unit="run", file=sys.stderr):  # round by round: repeats alternate
+        for k in progress_bar(order, desc="jobs", unit="run"):  # round by round: repeats alternate
             floor = startup_floor(device).get("process_s")
             done[k].append((_timed_tool(jobs[k][3], device), floor))
             result = done[k][-1][0]  # each run as it ends (a long sweep's log keeps what it measured)

@@ -99,6 +99,8 @@ def test_help_names_the_command_and_shows_examples():
     assert out.returncode == 0 and out.stdout.startswith("usage: emonet-bench")
     assert "examples:" in out.stdout and "emonet-bench --device cpu --quick" in out.stdout
     assert "under a minute" not in out.stdout
+    # How long the quick look takes, as a range for a named kind of machine, idle and busy.
+    assert "2-core machine: about 40 s with the cores idle, 80 s to 5 min while other work" in " ".join(out.stdout.split())
 
 
 def test_the_auto_mode_is_the_tools_gpu_default():
@@ -137,6 +139,7 @@ def test_each_mode_reports_its_spread_over_batches_beside_its_agreement(tmp_path
     assert main(["--modes", "fp32-eager", "--device", "cpu", "--quick", "--batch-sizes", "2", "--iters", "3",
                  "--weights", "random", "--markdown", str(report), "--json", str(data)]) == 0
     (row,) = json.loads(data.read_text())["modes"]
+    assert row["cold"]["warmup_s"] == 0.0  # as the tools' CPU engines: no warm-up, nothing to autotune
     spread = row["cold"]["batch_spread"]
     assert row["cold"]["batch_spread_sizes"] == [1, 3, 8] and 0 <= spread < 1e-3  # the CPU's fp32: tiny, or 0
     header, _, line = [l for l in report.read_text().splitlines() if l.startswith("|")][:3]

@@ -125,8 +125,10 @@ def run_child(args: argparse.Namespace) -> dict:
     t = time.perf_counter()
     model = load_model(args.weights, n_expression=args.nclasses, device="cpu")
     batch_sizes = sorted(set([1] + args.batch_sizes))
+    # No warm-up on a CPU, as the tools' CPU engines have none (emonet.engine.config): nothing to autotune or
+    # capture there, so a warm-up would only add seconds the tools never spend.
     config = EngineConfig(**mode.engine, batch_sizes=tuple(batch_sizes), warmup=args.warmup and
-                          bool(mode.engine), cache_dir=args.cache_dir)
+                          bool(mode.engine) and device.type != "cpu", cache_dir=args.cache_dir)
     engine = Engine(model, device, config, log=lambda msg: None)
     sync()
     result["load_s"] = time.perf_counter() - t

@@ -31,7 +31,7 @@ __all__ = ["CPU_DEFAULT", "EXAMPLES", "GPU_DEFAULT", "MODES", "Mode", "RELEASED_
 
 EXAMPLES = """examples:
   emonet-bench                                   # the released way and every engine mode, this GPU
-  emonet-bench --device cpu --quick              # a first look on a CPU (42 s on 2 idle cores)
+  emonet-bench --device cpu --quick              # a first look on a CPU (2 cores: 40 s idle, minutes busy)
   emonet-bench --modes released,fp16-graph,compile-streams-graph --batch-sizes 8,128,512
   emonet-bench --photo --photo-repeat 3          # one photo, from process start, every way
   emonet-bench --video clip.mp4 --video-repeat 3 # a video end to end, analysis and annotated
@@ -206,8 +206,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--batch-sizes", default=None, type=_batch_sizes,
                         help="throughput batch sizes, comma-separated (default 8,32,128,256)")
     parser.add_argument("--iters", type=int, default=None, help="timed batch-1 calls per mode (default 200)")
-    parser.add_argument("--quick", action="store_true", help="few iterations, batch 8 only, agreement on 8 crops: a first look (42 s on 2 idle CPU "
-                             "cores)")
+    parser.add_argument("--quick", action="store_true",
+                        help="few iterations, batch 8 only, agreement on 8 crops: a first look (with --device cpu on "
+                             "a 2-core machine: about 40 s with the cores idle, 80 s to 5 min while other work shares "
+                             "them; docs/PERFORMANCE.md)")
     parser.add_argument("--no-warm-rerun", action="store_true",
                         help="skip the second, warm-cache process of compiled modes")
     parser.add_argument("--json", default=None, metavar="FILE",

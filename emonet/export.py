@@ -11,20 +11,27 @@ PyTorch model in fp32 on real face crops.
 """
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import numpy as np
 import torch
 from torch import nn
 
 from .geometry import heatmap_coords
+from .log import say
 
 OUTPUTS = ("expression", "valence", "arousal", "landmarks", "heatmap")
 # What "the same" means for the check: ONNX Runtime's fp32 kernels against PyTorch's differ by rounding only.
 TOLERANCE = 1e-4
+# Roughly how long export and check take on a 2-core CPU with the cores to themselves (about 13 and 23 CPU
+# seconds measured; the check runs on both cores), for the lines that say each step as it starts.
+EXPORT_S, CHECK_S = 15, 15
 
 
 class ExportError(Exception):
@@ -76,6 +83,31 @@ def _onnx_modules():
     return onnx, onnxruntime
 
 
+class _TorchvisionNotice(logging.Filter):
+    """Drops the exporter's "torchvision is not installed. Skipping torchvision::nms" lines: EmoNet uses none of
+    torchvision's operators, so the notice says nothing about this export."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("torchvision is not installed")
+
+
+@contextlib.contextmanager
+def _exporter_notices_hidden() -> Iterator[None]:
+    """While torch.onnx exports: without the notices about its own internals that a user can do nothing about;
+    its errors, and any other warning, still come through."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    notice = _TorchvisionNotice()
+    registration.addFilter(notice)
+    try:
+        with warnings.catch_warnings():
+            # torch's own pytree code copies a deprecated LeafSpec while tracing: a note to torch's developers.
+            warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                                    category=FutureWarning)
+            yield
+    finally:
+        registration.removeFilter(notice)
+
+
 def to_onnx(model: nn.Module, batch: Optional[int] = None, metadata: Optional[dict] = None) -> bytes:
     """The serialized ONNX model of ``model`` (EmoNet, fp32, on the CPU); ``batch``: fixed, or None for a dynamic
     batch; ``metadata``: string pairs stored in the file."""
@@ -84,8 +116,9 @@ def to_onnx(model: nn.Module, batch: Optional[int] = None, metadata: Optional[di
     example = torch.zeros(batch or 2, 3, 256, 256, dtype=torch.uint8)
     dynamic = None if batch else {"crops": {0: torch.export.Dim("batch", min=1, max=4096)}}
     try:
-        program = torch.onnx.export(wrapped, (example,), None, input_names=["crops"], output_names=list(OUTPUTS),
-                                    dynamic_shapes=dynamic, dynamo=True, verbose=False)
+        with _exporter_notices_hidden():
+            program = torch.onnx.export(wrapped, (example,), None, input_names=["crops"],
+                                        output_names=list(OUTPUTS), dynamic_shapes=dynamic, dynamo=True, verbose=False)
     except Exception as exc:  # noqa: BLE001 - the exporter's many failure kinds: one line, with its own words
         raise ExportError(f"the ONNX export failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
     proto = program.model_proto
@@ -122,8 +155,14 @@ def export_onnx(model: nn.Module, path: Union[str, Path], batch: Optional[int] =
     from .engine.check import varied_face_crops
     from .io.atomic import write_bytes
 
+    # Each step said as it starts: together they take half a minute or more on a CPU, with nothing else to show.
+    say(f"exporting EmoNet to ONNX (batch {batch or 'dynamic'}; about {EXPORT_S} s on 2 CPU cores, more while "
+        f"other work shares them)...", __name__)
     data = to_onnx(model, batch, metadata)
-    check = check_onnx(data, model, varied_face_crops(16) if crops is None else crops)
+    crops = varied_face_crops(16) if crops is None else crops
+    say(f"checking it: ONNX Runtime (CPU) against PyTorch fp32 on {len(crops)} real face crops (about {CHECK_S} s on "
+        f"2 CPU cores)...", __name__)
+    check = check_onnx(data, model, crops)
     if not check.ok:
         raise ExportError(f"the exported model does not agree with PyTorch: {check.format()}; nothing written")
     write_bytes(path, data)

@@ -29,12 +29,33 @@ def export(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def exported(parity_checkpoint, tmp_path_factory) -> Path:
+def export_run(parity_checkpoint, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     path = tmp_path_factory.mktemp("onnx") / "emonet8.onnx"
     run = export("--weights", str(parity_checkpoint), "--output", str(path))
     assert run.returncode == 0, run.stderr
+    return path, run
+
+
+@pytest.fixture(scope="module")
+def exported(export_run) -> Path:
+    path, run = export_run
     assert "the same expression for every crop" in run.stderr and f"written: {path}" in run.stderr
     return path
+
+
+def test_it_says_each_step_as_it_starts_and_nothing_of_torchs_internals(export_run):
+    path, run = export_run
+    lines = run.stderr.splitlines()
+    assert lines[0].startswith("exporting EmoNet to ONNX (batch dynamic; about "), run.stderr
+    assert lines[1].startswith("checking it: ONNX Runtime (CPU) against PyTorch fp32 on 16 real face crops")
+    assert lines[2].startswith("ONNX Runtime (CPU) vs PyTorch fp32") and lines[3].startswith(f"written: {path}")
+    # Nothing else: no "torchvision is not installed" notice, no FutureWarning from torch's own pytree code.
+    assert len(lines) == 4, run.stderr
+
+
+def test_help_shows_examples():
+    run = export("--help")
+    assert run.returncode == 0 and "examples:" in run.stdout and "--output emonet8.onnx" in run.stdout
 
 
 def test_onnx_runtime_gives_the_engines_fp32_numbers_on_real_faces(exported, parity_checkpoint):

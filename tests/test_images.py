@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from emonet.errors import InputError
-from emonet.io.images import check_writable_dir, collect_images, read_image, read_images, write_image
+from emonet.io.images import (check_distinct_outputs, check_writable_dir, collect_images, read_image, read_images,
+                              write_image)
 
 
 def test_grayscale_rgba_and_16_bit_images_decode_to_rgb(tmp_path):
@@ -46,6 +47,22 @@ def test_writes_are_whole_or_nothing(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["x.png"]
     with pytest.raises(InputError, match=r"x.png: is a file, not a folder; an output cannot go inside it"):
         check_writable_dir(tmp_path / "x.png" / "sub")  # under a file
+
+
+def test_outputs_that_would_overwrite_each_other_are_refused(tmp_path):
+    (tmp_path / "real.csv").write_text("kept")
+    (tmp_path / "link.csv").symlink_to(tmp_path / "real.csv")
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "later.json")  # its target not made yet
+    for outputs, message in [
+        ([("--json", "-"), ("--csv", "-")], "--json - and --csv -: only one output can go to standard output"),
+        ([("--csv", f"{tmp_path}/x.csv"), ("--jsonl", f"{tmp_path}/sub/../x.csv")], "name the same file"),
+        ([("--csv", tmp_path / "real.csv"), ("--output", tmp_path / "link.csv")], "name the same file"),
+        ([("--json", tmp_path / "dangling.json"), ("--csv", tmp_path / "later.json")], "name the same file"),
+    ]:
+        with pytest.raises(InputError, match=message):
+            check_distinct_outputs(outputs)
+    check_distinct_outputs([("--output", None), ("--json", "-"), ("--csv", tmp_path / "a.csv")])  # all distinct
+    assert (tmp_path / "real.csv").read_text() == "kept" and not (tmp_path / "later.json").exists()
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, a folder that takes no file")

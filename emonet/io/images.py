@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Iterator, Sequence, Union
+from typing import Iterable, Iterator, Optional, Sequence, Union
 
 import cv2
 import numpy as np
@@ -128,6 +128,26 @@ def check_output_file(path: Union[str, Path], inputs: Iterable[Union[str, Path]]
         raise InputError(f"{path}: is also an input, which this output would replace; give the output another name")
     check_writable_dir(path.parent)
     return path
+
+
+STDOUT = "-"  # an output given as "-" goes to standard output
+
+
+def check_distinct_outputs(outputs: Sequence[tuple[str, Optional[Union[str, Path]]]]) -> None:
+    """Refuse (:class:`InputError`) outputs that would overwrite each other: ``outputs`` is (option, path or
+    None) in the command line's order; at most one may be ``"-"`` (standard output), and no two may name one
+    file (through links too)."""
+    given = [(option, str(path)) for option, path in outputs if path is not None and str(path) != ""]
+    on_stdout = [option for option, path in given if path == STDOUT]
+    if len(on_stdout) > 1:
+        raise InputError(f"{' and '.join(o + ' -' for o in on_stdout)}: only one output can go to standard output; "
+                         f"give the {'other' if len(on_stdout) == 2 else 'others'} a file name")
+    files = [(option, path) for option, path in given if path != STDOUT]
+    for i, (option, path) in enumerate(files):
+        for other, other_path in files[:i]:
+            if same_file(path, other_path):
+                raise InputError(f"{other} {other_path} and {option} {path} name the same file, so one would "
+                                 f"overwrite the other; give each output a name of its own")
 
 
 def same_file(a: Union[str, Path], b: Union[str, Path]) -> bool:

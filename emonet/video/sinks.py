@@ -10,7 +10,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, TextIO, Union
 
 import torch
 
@@ -19,10 +19,11 @@ from ..errors import OutputError
 from ..drawing.marks import TRAIL
 from ..drawing.process import DrawingProcess, DrawnVideo, LocalDrawing
 from ..io.atomic import AtomicFile
+from ..io.images import STDOUT
 from ..io.video import Frame
 from ..models.weights import UNTRAINED_LABEL
 from ..provenance import provenance
-from ..results import FaceResult, frame_fields, frame_row
+from ..results import N_LANDMARKS, FaceResult, frame_fields, frame_row
 from ..summary import PlotProcess, VideoSummary
 from .config import DRAW_FRAMES, WAIT_FRAMES
 from .runner import Sink, VideoRun
@@ -30,15 +31,21 @@ from .sources import Source
 
 
 class RowSink(Sink):
-    """One row per face per frame (a frame without a face: one row of empty values) to CSV (``"-"``: standard
-    output, as they come) and/or JSON lines, flushed chunk by chunk, renamed into place at the end."""
+    """One row per face per frame (a frame without a face: one row of empty values) to CSV and/or JSON lines
+    (either one, not both, may be ``"-"``: standard output, as they come), flushed chunk by chunk, files renamed
+    into place at the end. Nothing is written, not even the CSV header, before the first frame's rows: a video
+    that gives no frame leaves every output untouched. In JSON lines the landmarks are one ``"landmarks"``
+    list of ``[x, y]`` pairs, as in the photo tool's JSON; the CSV has a column per coordinate."""
 
     def __init__(self, csv_path: Optional[str] = None, jsonl_path: Optional[str] = None, landmarks: bool = False) -> None:
         super().__init__()
+        if csv_path == STDOUT and jsonl_path == STDOUT:
+            raise ValueError("the CSV and the JSON lines cannot both go to standard output")
         self.csv_path, self.jsonl_path, self.landmarks = csv_path, jsonl_path, landmarks
         self.files: list[AtomicFile] = []
         self.csv = self.jsonl = None
-        self.stdout = csv_path == "-"
+        self.stdout = STDOUT in (csv_path, jsonl_path)
+        self.header_due = False
 
     def open(self, run: VideoRun) -> None:
         self.class_names = list(run.engine.class_names)
@@ -46,17 +53,32 @@ class RowSink(Sink):
         # Untrained (random) weights: every row says so, as the photo tool's JSON does.
         self.extra = {"untrained": 1} if run.engine.untrained else {}
         self.fields += list(self.extra)
+        self.json_fields = (frame_fields(self.class_names, False) + (["landmarks"] if self.landmarks else [])
+                            + list(self.extra))
         if self.csv_path:
-            if not self.stdout:
-                self.files.append(AtomicFile(self.csv_path))
-            self.csv = csv.writer(sys.stdout if self.stdout else self.files[-1].file)
-            self.csv.writerow(self.fields)
+            self.csv = csv.writer(self._stream(self.csv_path))
+            self.header_due = True
         if self.jsonl_path:
-            self.files.append(AtomicFile(self.jsonl_path))
-            self.jsonl = self.files[-1].file
+            self.jsonl = self._stream(self.jsonl_path)
+
+    def _stream(self, path: str) -> TextIO:
+        if path == STDOUT:
+            return sys.stdout
+        self.files.append(AtomicFile(path))
+        return self.files[-1].file
+
+    def _json(self, row: dict) -> str:
+        record = {f: row.get(f) for f in self.json_fields}
+        if self.landmarks:  # the CSV's rounded values, in pairs; null for a frame with no face
+            record["landmarks"] = ([[row[f"lm{i}_x"], row[f"lm{i}_y"]] for i in range(N_LANDMARKS)]
+                                   if "lm0_x" in row else None)
+        return json.dumps(record)
 
     def add(self, frames: list[Frame], faces: list[list[FaceResult]]) -> None:
         try:
+            if self.header_due and frames:
+                self.csv.writerow(self.fields)
+                self.header_due = False
             for frame, found in zip(frames, faces):
                 for face in found or [None]:
                     row = {**frame_row(face, frame.index, frame.timestamp, self.class_names, self.landmarks),
@@ -64,7 +86,7 @@ class RowSink(Sink):
                     if self.csv:
                         self.csv.writerow([row.get(f, "") for f in self.fields])
                     if self.jsonl:
-                        self.jsonl.write(json.dumps({f: row.get(f) for f in self.fields}) + "\n")
+                        self.jsonl.write(self._json(row) + "\n")
             for f in self.files:  # on disk chunk by chunk: an interruption keeps them
                 f.file.flush()
             if self.stdout:

@@ -31,9 +31,10 @@ def _score(text: str) -> float:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True,
-                        compile_help: Optional[str] = None) -> None:
+                        compile_help: Optional[str] = None, video: bool = False) -> None:
     """--weights, --nclasses, --device, --engine, cuDNN and determinism switches (and --detector); with
-    ``compile_help``, ``--compile/--no-compile`` (on by default) for a long-lived process."""
+    ``compile_help``, ``--compile/--no-compile`` (on by default) for a long-lived process; ``video``: the
+    detector's help speaks of frames and of faces followed between them, as a video tool's should."""
     g = parser.add_argument_group("model")
     g.add_argument("--weights", default="pretrained",
                    help="'pretrained' (the authors' weights; default), a checkpoint path, or 'random' (untrained: "
@@ -50,13 +51,16 @@ def add_model_arguments(parser: argparse.ArgumentParser, detector: bool = True,
     if compile_help is not None:
         g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True, help=compile_help)
     if detector:
+        frame = "frame" if video else "image"
         g.add_argument("--detector", default=DEFAULT_DETECTOR, choices=DETECTORS,
-                       help="yunet (default, offline; one pass: small faces and faces the frame's edge cuts), "
+                       help=f"yunet (default, offline; one pass: small faces and faces the {frame}'s edge cuts), "
                             "blazeface (offline; its fine view finds faces down to ~30 px of 1080p), sfd (the "
-                            "released demo's; downloads its weights) or none (each image is already a face crop)")
+                            "released demo's; downloads its weights) or none (each "
+                            f"{frame} is already a face crop)")
         g.add_argument("--min-score", type=_score, default=None, metavar="S",
                        help="the detector's threshold, 0 to 1 (default: 0.8 for yunet, 0.83 for blazeface, 0.5 "
-                            "for sfd); a face already followed in video is kept down to 0.1 under it")
+                            "for sfd)" + ("; a face already followed from frame to frame is kept down to 0.1 under "
+                                          "it" if video else ""))
 
 
 def model_options(args: argparse.Namespace) -> "ModelOptions":

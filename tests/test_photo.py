@@ -129,6 +129,44 @@ def test_help_explains_the_options():
     for option in ("--image", "--json", "--output", "--weights", "--nclasses", "--device", "--detector",
                    "--refine", "--no-cudnn-benchmark", "--deterministic"):
         assert option in out.stdout
+    # The photo tool's own words: nothing of video frames or faces followed between them (the shared model
+    # options say those to emonet-video only); '-' is standard output for each data output.
+    text = " ".join(out.stdout.split())
+    assert "video" not in text and "frame" not in text and "followed" not in text
+    assert "--json - or --csv - (one of them) writes that output to stdout" in text
+    assert "--json FILE write results as JSON to FILE ('-' for stdout)" in text
+    assert "--csv FILE write one row per face per image to FILE ('-' for stdout;" in text
+
+
+PORTRAIT = ROOT / "tests" / "data" / "portraits" / "obama.jpg"
+
+
+def test_csv_to_stdout_and_repeated_image_options(tmp_path):
+    # `--csv -` is standard output, as `--json -` is (no file named "-"); --image given twice adds both.
+    out = demo("--image", PHOTO, "--image", PORTRAIT, "--weights", "random", "--device", "cpu", "--csv", "-",
+               cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = list(csv.DictReader(out.stdout.splitlines()))
+    assert [Path(r["image"]).name for r in rows] == ["astronaut.jpg", "obama.jpg"] and rows[0]["face_id"] == "0"
+    assert "2 images, 2 faces" in out.stderr and not list(tmp_path.iterdir())
+
+
+def test_outputs_that_would_overwrite_each_other_are_one_line_before_the_model_loads(tmp_path):
+    (tmp_path / "link.json").symlink_to(tmp_path / "r.json")
+    for args, message in [
+        (["--json", "-", "--csv", "-"], "error: --json - and --csv -: only one output can go to standard output; "
+                                        "give the other a file name"),
+        (["--json", tmp_path / "r.json", "--csv", f"{tmp_path}/./r.json"],
+         f"error: --json {tmp_path / 'r.json'} and --csv {tmp_path}/./r.json name the same file, so one would "
+         f"overwrite the other; give each output a name of its own"),
+        (["--output", tmp_path / "a.jpg", "--json", tmp_path / "a.jpg"], "name the same file"),
+        (["--csv", tmp_path / "r.json", "--json", tmp_path / "link.json"], "name the same file"),
+        (["--output", "-"], "error: --output -: annotated images cannot go to standard output"),
+    ]:
+        out = demo("--image", PHOTO, "--weights", "random", "--device", "cpu", *args, cwd=tmp_path)
+        assert out.returncode == 2 and out.stdout == "", out.stderr
+        assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: ") and message in out.stderr, out.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["link.json"]  # nothing written, not even the link's target
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ from tqdm import tqdm
 from ..drawing import annotate
 from ..io.atomic import write_text
 from ..log import progress_bar
-from ..errors import EXIT_CODES, InputError
-from ..io.images import (IMAGE_EXTENSIONS, check_output_file, check_writable_dir, collect_images, read_image,
-                         read_images, write_image)
+from ..errors import InputError
+from ..io.images import (IMAGE_EXTENSIONS, STDOUT, check_distinct_outputs, check_output_file, check_writable_dir,
+                         collect_images, read_image, read_images, write_image)
 from ..results import FaceResult, face_record, photo_fields, photo_row
 from ..cli import ToolParser, plural
 # (the model's modules, which import torch, are imported where the tool runs: --help is quick)
@@ -30,6 +30,9 @@ def _output_plan(output: Optional[str], inputs: list[Path]) -> tuple[Optional[Pa
     n_images = len(inputs)
     if not output:
         return None, None
+    if output == STDOUT:
+        raise InputError("--output -: annotated images cannot go to standard output; give an image file or a folder "
+                         "(--json - and --csv - write the results there)")
     out = Path(output)
     if out.suffix and not out.is_dir():
         if out.suffix.lower() not in IMAGE_EXTENSIONS:
@@ -58,13 +61,14 @@ def run(args: argparse.Namespace) -> int:
     from ..timing import StartupClock
 
     startup = StartupClock()
+    # Before anything is read or made: outputs that would overwrite each other are refused.
+    check_distinct_outputs([("--output", args.output), ("--json", args.json), ("--csv", args.csv)])
     # "sample": the photo that ships with the package (scikit-image's astronaut), from any folder.
     paths = collect_images([str(SAMPLE_PHOTO) if p == "sample" else p for p in args.image])
     out_file, out_dir = _output_plan(args.output, paths)
-    if args.json and args.json != "-":
-        check_output_file(args.json, paths)
-    if args.csv:
-        check_output_file(args.csv, paths)
+    for path in (args.json, args.csv):
+        if path and path != STDOUT:
+            check_output_file(path, paths)
 
     # A lone image that cannot be read is bad input: say so before paying the engine's load and warm-up
     # (a compiled engine's first start takes minutes). Among several, it is one warning and exit code 1.
@@ -128,7 +132,7 @@ def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.nda
         doc = {**provenance(engine), "untrained": engine.untrained, "detector": detector.name,
                "refine": args.refine, "images": records, "latency": latency}
         text = json.dumps(doc, indent=2)
-        if args.json == "-":
+        if args.json == STDOUT:
             sys.stdout.write(text + "\n")
         else:
             write_text(args.json, text + "\n")
@@ -139,7 +143,10 @@ def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.nda
         writer.writeheader()
         for row in rows:
             writer.writerow({**row, **({"untrained": 1} if engine.untrained else {})})
-        write_text(args.csv, buffer.getvalue())
+        if args.csv == STDOUT:
+            sys.stdout.write(buffer.getvalue())
+        else:
+            write_text(args.csv, buffer.getvalue())
     n_faces = sum(len(r["faces"]) for r in records)
     print(f"\n{plural(count, 'image')}, {plural(n_faces, 'face')}, {failures} unreadable", file=sys.stderr)
     print(image_timer.summary().format("whole pipeline (detect + crop + EmoNet) per image", "image"),
@@ -167,6 +174,12 @@ def _report(path: Path, faces: list[FaceResult], names, untrained: bool) -> None
                    f"valence {f.valence:+.3f} arousal {f.arousal:+.3f}{note}", file=out)
 
 
+# Not the shared text of emonet.errors: that one speaks of video frames and helper processes.
+EXIT_CODES = """exit codes: 0 done; 1 done, but some image could not be read (said on the way, and in the JSON and CSV);
+  2 bad input or options; 3 an output could not be written; 130 interrupted (Ctrl-C: the annotated images
+  made so far are kept, no JSON or CSV is written)
+"""
+
 EXAMPLES = """examples:
   %(prog)s --image sample --weights random             # the photo that ships with the package, untrained weights
   %(prog)s --image photo.jpg --weights random          # try it without the released weights
@@ -180,14 +193,15 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     parser = ToolParser(
         prog=prog, epilog=EXAMPLES + "\n" + EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Find every face in photos and report its expression, valence, arousal and 68 landmarks "
-                    "(EmoNet). Text goes to stderr; --json - writes JSON to stdout.")
-    parser.add_argument("--image", nargs="+", required=True, metavar="PATH",
-                        help="image files, folders (searched recursively) or glob patterns; 'sample' is the "
-                             "photo that ships with the package")
+                    "(EmoNet). Text goes to stderr; --json - or --csv - (one of them) writes that output to "
+                    "stdout.")
+    parser.add_argument("--image", nargs="+", action="extend", required=True, metavar="PATH",
+                        help="image files, folders (searched recursively) or glob patterns, one or more (--image "
+                             "may be repeated); 'sample' is the photo that ships with the package")
     parser.add_argument("--json", metavar="FILE", help="write results as JSON to FILE ('-' for stdout)")
     parser.add_argument("--csv", metavar="FILE",
-                        help="write one row per face per image to FILE (an image with no face: a row of empty "
-                             "values; an unreadable one: its error)")
+                        help="write one row per face per image to FILE ('-' for stdout; an image with no face: a "
+                             "row of empty values; an unreadable one: its error)")
     parser.add_argument("--output", metavar="FILE|DIR",
                         help="annotated images: an image file for one input image, else a folder")
     parser.add_argument("--refine", action="store_true",

@@ -596,3 +596,62 @@ def test_argument_errors_are_one_line_each(clip):
         r = demo_video("--video", clip, *argv)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
         assert "(see " in r.stderr and "usage:" not in r.stderr
+
+
+def test_json_lines_on_stdout_carry_the_landmarks_as_the_photo_tools_json(clip, tmp_path):
+    # `--jsonl -` is standard output, as `--csv -` is: no file named "-" (nor "-.meta.json") is made.
+    r = demo_video("--video", clip, "--weights", "random", "--device", "cpu", "--batch-size", "4", "--max-frames", "3",
+                   "--jsonl", "-", "--landmarks", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [line["frame"] for line in lines] == [0, 1, 2] and not list(tmp_path.iterdir())
+    for line in lines:
+        assert not any(key.startswith("lm") for key in line)
+        assert len(line["landmarks"]) == 68 and all(len(p) == 2 and all(isinstance(v, float) for v in p)
+                                                    for p in line["landmarks"])
+
+
+def test_outputs_that_would_overwrite_each_other_are_one_line_before_the_model_loads(clip, tmp_path):
+    (tmp_path / "link.csv").symlink_to(tmp_path / "o.mp4")
+    for args, message in [
+        (["--csv", "-", "--jsonl", "-"], "error: --csv - and --jsonl -: only one output can go to standard output"),
+        (["--csv", tmp_path / "f.csv", "--jsonl", f"{tmp_path}/./f.csv"],
+         f"error: --csv {tmp_path / 'f.csv'} and --jsonl {tmp_path}/./f.csv name the same file, so one would "
+         f"overwrite the other; give each output a name of its own"),
+        (["--output", tmp_path / "o.mp4", "--csv", tmp_path / "link.csv"], "name the same file"),
+    ]:
+        r = demo_video("--video", clip, "--weights", "random", "--device", "cpu", *args)
+        assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith("error: ") and message in r.stderr, r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["link.csv"]
+
+
+def test_a_file_that_is_no_video_writes_nothing_to_stdout_not_even_a_header(tmp_path):
+    (tmp_path / "notimage.jpg").write_text("not an image, nor a video")
+    r = demo_video("--video", tmp_path / "notimage.jpg", "--weights", "random", "--device", "cpu", "--csv", "-")
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert r.stderr.strip().splitlines()[-1] == f"error: {tmp_path / 'notimage.jpg'}: no frame could be read (empty, " \
+                                                "corrupt, or a codec neither FFmpeg nor OpenCV decodes)"
+
+
+def test_repeated_video_options_are_a_list_that_needs_out_dir(clip, capsys):
+    from emonet.apps import video
+
+    args = video.parse_args(["--video", "a.mp4", "--video", "b.mp4", "c.mp4", "--out-dir", "out"])
+    assert args.video == ["a.mp4", "b.mp4", "c.mp4"]
+    with pytest.raises(SystemExit) as stop:
+        video.parse_args(["--video", str(clip), "--video", str(clip), "--csv", "f.csv"])
+    assert stop.value.code == 2
+    assert f"{clip} {clip}: several videos (or a folder or pattern) need --out-dir DIR" in capsys.readouterr().err
+
+
+def test_help_speaks_of_video_and_of_standard_output_for_each_rows_output(capsys):
+    from emonet.apps import video
+
+    with pytest.raises(SystemExit):
+        video.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "a face already followed from frame to frame is kept down to 0.1 under it" in text
+    assert "none (each frame is already a face crop)" in text and "photo" not in text.replace("emonet-photo", "")
+    assert "--jsonl FILE the same rows as JSON lines; - for standard output" in text
+    assert 'in JSON lines "landmarks": [[x, y], ...]' in text and "(--video may be repeated)" in text

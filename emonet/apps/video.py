@@ -16,7 +16,7 @@ from ..cli import ToolParser
 from ..log import say
 from ..errors import EXIT_CODES
 from ..io.containers import is_stream_url
-from ..io.images import check_output_file
+from ..io.images import STDOUT, check_distinct_outputs, check_output_file
 from ..io.writer import CODECS, check_video_name
 from .common import add_model_arguments, exit_tool, model_options, run_tool
 
@@ -57,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
     problem = source_problem(source)
     if problem:  # before the weights' download or the device start: bad input is said first, and alone
         raise InputError(problem)
+    check_distinct_outputs([("--output", args.output), ("--csv", args.csv), ("--jsonl", args.jsonl)])
     for path in (args.output, args.csv, args.jsonl):
-        if path and path != "-":
+        if path and path != STDOUT:
             check_output_file(path, [source])
     if args.output:
         check_video_name(args.output, args.codec)
@@ -83,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         stop.restore()
         if drawers is not None:
             drawers.close()
-    rows = args.jsonl if args.csv in (None, "-") else args.csv
+    # The rows' file the provenance sidecar goes beside (rows on standard output have none).
+    rows = next((path for path in (args.csv, args.jsonl) if path and path != STDOUT), None)
     # What made the rows, and whether they are the whole video (rows kept before a failure say they are not).
     meta = rows_sidecar(rows, source, result) if rows and result.frames else None
     if result.error is not None:
@@ -145,7 +147,7 @@ def report(run: "VideoRun", config: "VideoConfig") -> None:
     for sink in run.sinks:
         outputs += [(getattr(sink, "csv_path", None), "CSV"), (getattr(sink, "jsonl_path", None), "JSONL")]
     for path, what in outputs:
-        if path and path != "-":
+        if path and path != STDOUT:
             print(f"{what}: {path}", file=err)
     print(run.timer.summary().format(f"track, crop and queue EmoNet per batch (up to {config.batch_size} frames)",
                                      "frame"), file=err)
@@ -183,18 +185,23 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
         description="Stream a video (or camera) through face detection, tracking and EmoNet; write per-frame "
                     "results and an annotated video. Ctrl-C or SIGTERM stops cleanly, keeping every finished "
                     "frame.")
-    parser.add_argument("--video", required=True, nargs="+", metavar="VIDEO",
+    parser.add_argument("--video", required=True, nargs="+", action="extend", metavar="VIDEO",
                         help="a video file, numbered images (\"frames/%%04d.png\"), a camera index (0) or a stream "
-                             "URL (rtsp://, udp://, http(s)://, ...); with --out-dir: files, folders, patterns")
+                             "URL (rtsp://, udp://, http(s)://, ...); with --out-dir: files, folders, patterns, "
+                             "one or more (--video may be repeated)")
     out = parser.add_argument_group("outputs (none given: the rows on standard output)")
     out.add_argument("--output", metavar="FILE", help="annotated video at the source's frame rate (.mp4; also "
                                                       ".m4v, .mov, .mkv, .avi)")
     out.add_argument("--codec", choices=CODECS, default="h264",
                      help="h264 (default: plays everywhere) or mp4v (through OpenCV, without PyAV)")
     out.add_argument("--csv", metavar="FILE", help="one row per face per frame (a frame with no face: empty "
-                                                   "values); - for standard output (the default)")
-    out.add_argument("--jsonl", metavar="FILE", help="the same rows as JSON lines")
-    out.add_argument("--landmarks", action="store_true", help="add the 68 landmarks to the rows")
+                                                   "values); - for standard output (where the rows go when no "
+                                                   "output is given)")
+    out.add_argument("--jsonl", metavar="FILE", help="the same rows as JSON lines; - for standard output (one of "
+                                                     "--csv and --jsonl)")
+    out.add_argument("--landmarks", action="store_true",
+                     help="add the 68 landmarks to the rows: CSV columns lm0_x, lm0_y, ..., lm67_y; in JSON lines "
+                          "\"landmarks\": [[x, y], ...], as emonet-photo's JSON")
     many = parser.add_argument_group("many videos in one run (the model loads once; torchrun shares them over GPUs)")
     many.add_argument("--out-dir", metavar="DIR",
                       help="for each video STEM: DIR/STEM.csv (rows), DIR/STEM.summary.json, DIR/STEM.png (plot); "
@@ -226,7 +233,7 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     run_group.add_argument("--max-faces", type=int, default=None, help="at most this many faces per frame")
     run_group.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=True,
                            help="temporal smoothing per face, a weighted mean of the last 5 outputs (default: on)")
-    add_model_arguments(parser)
+    add_model_arguments(parser, video=True)
     args = parser.parse_args(argv)
     for name in ("batch_size", "detect_every", "max_frames"):
         value = getattr(args, name)

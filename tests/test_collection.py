@@ -76,6 +76,19 @@ def test_a_folder_with_a_corrupt_file_gives_every_output_and_summary(recordings,
     assert [r["error"] != "" for r in summary] == [False, False, True, False]
     assert summary[0]["face_id"] == "0" and summary[0]["dominant_expression"] and "share_Happy" in summary[0]
     assert not list(out.glob(".*"))  # no temporary file left
+    # Every video given is counted, each as read or failed.
+    assert f"summary: {out / 'summary.csv'} (4 videos: 3 read, 1 failed)" in result.stderr
+    assert "\n4 videos: 3 read, 1 failed; 30 frames: " in result.stderr
+
+
+def test_repeated_video_options_add_their_videos(recordings, tmp_path):
+    out = tmp_path / "out"
+    r = demo_video("--video", recordings / "sub" / "c.mp4", "--video", recordings / "broken.mp4", "--out-dir", out,
+                   *COMMON)
+    assert r.returncode == 1 and "broken.mp4: not a video" in r.stderr, r.stderr
+    assert [Path(row["video"]).name for row in read_csv(out / "summary.csv")] == ["c.mp4", "broken.mp4"]
+    assert len(read_csv(out / "c.csv")) == 6
+    assert r.stderr.strip().splitlines()[-1] == f"summary: {out / 'summary.csv'} (2 videos: 1 read, 1 failed)"
 
 
 def test_a_rerun_skips_complete_videos_and_force_redoes_them(recordings, single_run, tmp_path):

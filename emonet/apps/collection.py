@@ -35,6 +35,8 @@ from ..video import (AnnotatedSink, Drawers, PipelineLoader, RowSink, StopToken,
 from ..video.sources import no_frames
 from .collection_plan import collect_videos, output_paths, parse_devices, probe, shares
 
+NOT_PROCESSED = "not processed (interrupted)"  # summary.csv's error for a video a stopped run never finished
+
 
 def _report_together(flows: list[tuple[int, Optional[float], Optional[float]]]) -> None:
     """Every process's frames from the first frame to the last, as one throughput (rank 0, under torchrun)."""
@@ -134,6 +136,7 @@ def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan:
     counts = [plan.headers[i][0] for i in share]
     loader = PipelineLoader(config)
     errors: dict[str, str] = {}
+    read: set[str] = set()  # the videos whose frames were all analysed (a failed plot may still fail one)
     errors_shortfall: dict[str, str] = {}  # videos read only in part: kept, but the run's exit code is 1
 
     def failed(video: str, message: str) -> None:  # one line, above a running progress bar; the others go on
@@ -199,6 +202,7 @@ def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan:
             if not interactive:
                 print(f"{run.name}: {plural(run.frames, 'frame')}, {plural(run.faces, 'face')}, "
                       f"{run.frames / max(run.wall, 1e-9):.1f} frames/s", file=err)
+            read.add(run.name)
             last = time.time()  # the wall clock: the processes' times are put side by side
             first = first if first is not None else last - run.wall
             frames += run.frames
@@ -218,7 +222,7 @@ def _process(args: argparse.Namespace, config: VideoConfig, out_dir: Path, plan:
     if mine and loader.pipeline is not None:
         where = f"rank {rank} ({loader.pipeline.engine.device}): " if world > 1 else ""
         flowing = (last - first) if first is not None else 0.0
-        print(f"{where}{plural(len(mine) - len(errors), 'video')}, {plural(frames, 'frame')}: "
+        print(f"{where}{_tally(len(mine), len(read - set(errors)), len(errors))}; {plural(frames, 'frame')}: "
               f"{frames / max(flowing, 1e-9):.1f} frames/s from the first frame to the last ({flowing:.2f} s), "
               f"{frames / max(wall, 1e-9):.1f} frames/s with the model's load and warm-up ({wall:.1f} s)", file=err)
         print(startup.format("first results"), file=err)
@@ -354,16 +358,27 @@ def _finish(args: argparse.Namespace, out_dir: Path, videos: list[Path], results
         try:
             records.append(json.loads(summary.read_text()))
         except (OSError, ValueError):
-            records.append({"video": str(video), "error": "not processed (interrupted)"})
+            records.append({"video": str(video), "error": NOT_PROCESSED})
     names = next((r["class_names"] for r in records if r.get("class_names")), None)
     if names is None:
         from ..classes import class_names
         names = class_names(args.nclasses or 8)
     write_summary_csv(out_dir / "summary.csv", records, names)
-    failed = sum(1 for r in records if r.get("error"))
-    print(f"summary: {out_dir / 'summary.csv'} ({plural(len(videos) - failed, 'video')}"
-          + (f", {failed} failed" if failed else "") + ")", file=err)
+    unfinished = sum(1 for r in records if r.get("error") == NOT_PROCESSED)
+    failed = sum(1 for r in records if r.get("error")) - unfinished
+    print(f"summary: {out_dir / 'summary.csv'} ({_tally(len(videos), len(videos) - failed - unfinished, failed)})",
+          file=err)
     return _exit_code(results)
+
+
+def _tally(videos: int, read: int, failed: int) -> str:
+    """``3 videos: 2 read, 1 failed`` (and how many were not finished, when the run was stopped): every video
+    counted, each in one of the parts; ``3 videos`` when all were read."""
+    rest = videos - read - failed
+    if read == videos:
+        return plural(videos, "video")
+    return (f"{plural(videos, 'video')}: {read} read" + (f", {failed} failed" if failed else "")
+            + (f", {rest} not finished (interrupted)" if rest else ""))
 
 
 def _complete(paths: dict[str, Path]) -> bool:

@@ -29,6 +29,9 @@ endpoints:
   WS   /v1/stream    binary JPEG/PNG frames in; per frame {"frame", "timestamp", "faces", "latency_ms", ...}
                      out, in order; {"frame", "dropped": true} for a frame newer ones pushed out
   GET  /metrics      Prometheus text: requests, streams, batch sizes, latencies
+
+exit codes: 2 bad input or options (a port in use, a checkpoint the loop cannot load); 130 stopped by Ctrl-C or
+  SIGTERM, after a clean shutdown (as every emonet tool interrupted; a systemd unit: SuccessExitStatus=130)
 """
 
 
@@ -93,7 +96,7 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the model, then serve until Ctrl-C or SIGTERM."""
+    """Load the model, then serve until Ctrl-C or SIGTERM: 130 once it has stopped (as the other tools, interrupted)."""
     try:
         import uvicorn
 
@@ -123,10 +126,12 @@ def run(args: argparse.Namespace) -> int:
     freeze_loaded()  # what is loaded now lives as long as the service: the collector's full passes skip it
     print(f"emonet-serve: http://{args.host}:{args.port}/ (the page), /v1/analyze, /v1/stream, /health, /metrics; "
           f"Ctrl-C stops it", file=sys.stderr, flush=True)
-    # uvicorn stops gracefully on Ctrl-C or SIGTERM, then raises the signal again for the handler it found:
-    # with these, that ends here, and the service says it stopped (exit 0) rather than dying of the signal.
+    # uvicorn (0.55's Server.capture_signals) stops gracefully on Ctrl-C or SIGTERM, then raises each signal it caught
+    # again for the handler it found: these note it, so the process neither dies of the signal nor looks as if it
+    # ended by itself. The service says it stopped and exits 130, as every tool does when interrupted.
+    stopped_by: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
+        signal.signal(sig, lambda signum, _frame: stopped_by.append(signum))
     # A WebSocket message may be an image of the largest size taken, and a client may have two frames in
     # flight: beyond, its reading waits (what a client makes the server hold stays bounded).
     # (uvicorn's newer "websockets-sansio" has no queue bound yet: the legacy one, and its notice silenced.)
@@ -138,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
                 ws_max_size=config.max_image_bytes + (64 << 10), ws_max_queue=2)
     at_once = getattr(app.state, "stopped_at_once", False)
     print("emonet-serve: stopped at once (a second Ctrl-C)" if at_once else "emonet-serve: stopped", file=sys.stderr)
-    return 0
+    return 130 if stopped_by else 0
 
 
 def default_loops(options: ModelOptions) -> int:

@@ -100,7 +100,8 @@ def test_help_names_the_command_and_shows_examples():
     assert "examples:" in out.stdout and "emonet-bench --device cpu --quick" in out.stdout
     assert "under a minute" not in out.stdout
     # How long the quick look takes, as a range for a named kind of machine, idle and busy.
-    assert "2-core machine: about 40 s with the cores idle, 80 s to 5 min while other work" in " ".join(out.stdout.split())
+    said = " ".join(out.stdout.split())
+    assert "2-core machine: about 40 s with the cores idle, 80 s to 5 min while other work" in said
 
 
 def test_the_auto_mode_is_the_tools_gpu_default():

@@ -11,10 +11,10 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["emonet", "emonet.*"]),
-    # The detectors' weights (BlazeFace 1 MB and YuNet 0.4 MB, Apache-2.0; ONet, MIT) ship with the package, with
-    # their notices.
+    # The detectors' weights (BlazeFace 1 MB and YuNet 0.4 MB, Apache-2.0; ONet, MIT; MMOD 0.7 MB, public domain)
+    # ship with the package, with their notices.
     package_data={"emonet.detection": ["blazeface.pth", "NOTICE.blazeface", "LICENSE.blazeface", "onet.pth", "NOTICE.onet",
-                                      "yunet.pth", "NOTICE.yunet", "LICENSE.yunet"],
+                                      "yunet.pth", "NOTICE.yunet", "LICENSE.yunet", "mmod.pth", "NOTICE.mmod"],
                   "emonet.engine": ["astronaut.jpg"], "emonet.serve": ["static/*.html"]},
     install_requires=[
         "torch>=2.1",

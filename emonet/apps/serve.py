@@ -71,7 +71,7 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                              "age (default: 50; on a CPU, where a step takes longer, never)")
     limits.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=True,
                         help="temporal smoothing per face in streams (default: on)")
-    add_model_arguments(parser, compile_help=(
+    add_model_arguments(parser, video=True, compile_help=(
         "with --engine auto on a GPU (not --deterministic): its one batch shape compiled by torch.compile (one "
         "answer per crop in any batch; on the H200 measured, its graph of 8 crops in about half the time), so "
         "many streams wait less; the first start compiles for tens of seconds, later ones load the result from "

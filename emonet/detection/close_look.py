@@ -4,8 +4,10 @@ A face is found in two steps. The 256-px back model proposes candidates over eve
 CANDIDATE_SCORE (YuNet's candidates, :mod:`.yunet`, are looked at the same way); each is then looked at in square
 crops around it (:mod:`.crops`): by the 128-px front model at VERIFY_ZOOMS times the candidate's size (each look: the
 best detection covering the crop's centre) and by MTCNN's ONet (:mod:`.onet`), trained on other data, at ONET_ZOOMS.
-The score is the mean of the front model's looks and ONet's, weighed as one and two. On a GPU the networks after the
-crops run as one CUDA graph per padded count of candidates.
+The score is the mean of the front model's looks and ONet's, weighed as one and two. With dlib's CNN face detector
+(:mod:`.mmod`; YuNet's detector uses it), each candidate is also looked at by it in a crop MMOD_ZOOM times its size,
+its confidence mapped onto the score's scale (:func:`mmod_mapped`); the detector takes the lower of that and its own
+score. On a GPU the networks after the crops run as one CUDA graph per padded count of candidates.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from ..engine.graphs import Graphs, capture_graph
 from .base import FaceDetector
 from .crops import close_crops, scale_crops
 from .graph_policy import pad_rows, padded_count, powers_of_two
+from .mmod import CropScorer, MMODNet
 from .onet import ONET_SIZE, onet_input
 from .transfer import to_host
 
@@ -34,6 +37,22 @@ DEFAULT_MIN_SCORE = 0.83
 # candidates at once; on a GPU as one CUDA graph per padded count (eagerly they are some sixty small launches,
 # each paid on the host).
 CLOSE_LOOK_BATCH = 32
+# The MMOD look: a crop twice the candidate's size, MMOD_SIZE pixels (the face some 100 px: dlib's 80-px window
+# finds it at its pyramid's first levels; 1.1 GFLOP a crop, its tiled pyramid 776x222), scored as dlib's detector
+# would (:class:`.mmod.CropScorer`; its confidence: a face from 0, real faces some 1.0-1.1, animals' faces the close
+# look passes mostly under 0.9). Mapped so that MMOD_THRESHOLD is the detectors' 0.8 (:func:`mmod_mapped`): the
+# highest that keeps 99 % of the faces the detector found without it (photos of a tune split); MMOD_SLOPE puts
+# the tracker's hold (0.1 under the threshold) at 0.975 and leaves faces from 1.05 as they were (measured: see
+# docs/PERFORMANCE.md, Face detection).
+MMOD_ZOOM, MMOD_SIZE = 2.0, 200
+MMOD_THRESHOLD = 1.0
+MMOD_SLOPE = 4.0
+MMOD_AT = 0.8  # the detectors' threshold, where MMOD_THRESHOLD is mapped
+
+
+def mmod_mapped(confidence: torch.Tensor) -> torch.Tensor:
+    """MMOD's confidences -> the close look's scale: ``clip(0.8 + MMOD_SLOPE * (c - MMOD_THRESHOLD), 0, 1)``."""
+    return (MMOD_AT + MMOD_SLOPE * (confidence.double() - MMOD_THRESHOLD)).clamp(0.0, 1.0)
 
 
 @dataclass
@@ -42,20 +61,31 @@ class Looking:
     close-look scores on their way back."""
 
     candidates: list[np.ndarray]
-    host: Optional[torch.Tensor]              # the scores, all candidates' in order (None: no candidate)
-    done: Optional["torch.cuda.Event"] = None  # on a GPU, recorded after their copy
+    host: Optional[torch.Tensor]              # the scores, all candidates' in order (None: no candidate); with
+    done: Optional["torch.cuda.Event"] = None  # the MMOD look, (n, 2): the score, MMOD's mapped; on a GPU, the
+    mmod: bool = False                         # event recorded after their copy; whether MMOD looked
 
-    def scores(self) -> np.ndarray:
-        """The scores, waiting for them if need be."""
+    def _host(self) -> np.ndarray:
         if self.host is None:
-            return np.zeros(0)
+            return np.zeros((0, 2) if self.mmod else 0)
         if self.done is not None:
             self.done.synchronize()
         return self.host.numpy()
 
+    def scores(self) -> np.ndarray:
+        """The scores, waiting for them if need be."""
+        host = self._host()
+        return host[:, 0] if self.mmod else host
+
     def per_image(self) -> list[np.ndarray]:
         """The scores image by image, in the order of :attr:`candidates`, waiting for them if need be."""
         return np.split(self.scores(), np.cumsum([len(faces) for faces in self.candidates])[:-1])
+
+    def mmod_per_image(self) -> Optional[list[np.ndarray]]:
+        """MMOD's mapped scores (:func:`mmod_mapped`) image by image, as :meth:`per_image`; None without it."""
+        if not self.mmod:
+            return None
+        return np.split(self._host()[:, 1], np.cumsum([len(faces) for faces in self.candidates])[:-1])
 
 
 def best_first(faces: np.ndarray, least: float) -> np.ndarray:
@@ -70,9 +100,11 @@ class CloseLook:
     thread of their own."""
 
     def __init__(self, front: FaceDetector, onet: torch.nn.Module, device: torch.device,
-                 cuda_graphs: bool, background: bool) -> None:
-        """``cuda_graphs``: on a GPU, the networks after the crops run as CUDA graphs."""
+                 cuda_graphs: bool, background: bool, mmod: Optional[MMODNet] = None) -> None:
+        """``cuda_graphs``: on a GPU, the networks after the crops run as CUDA graphs; ``mmod``: also the MMOD
+        look (:class:`Looking` then carries its mapped scores)."""
         self.front, self.onet = front, onet
+        self.mmod = CropScorer(mmod, MMOD_SIZE) if mmod is not None else None
         self.device = device
         self.background = background
         self._anchors: Optional[torch.Tensor] = None  # the front model's, on the device (see _centre)
@@ -85,17 +117,20 @@ class CloseLook:
         candidates a network call, on their way back in one copy; ``mirrored``: per image, the candidates whose
         crops see the image mirrored at its sides (see :func:`.crops.close_crops`)."""
         if not any(len(faces) for faces in candidates):
-            return Looking(candidates, None, None)
+            return Looking(candidates, None, None, self.mmod is not None)
         # ONet's crops as MTCNN makes them, by area: sampled at four times its size, then 4x4 means.
-        front, second = close_crops(images, [faces[:, :4] for faces in candidates],  # scaled by _net
-                                    [(VERIFY_ZOOMS, self.front.size), (ONET_ZOOMS, 4 * ONET_SIZE)], self.device,
-                                    scaled=False, mirrored=mirrored)
-        n, a, b = sum(len(faces) for faces in candidates), len(VERIFY_ZOOMS), len(ONET_ZOOMS)
+        looks = [(VERIFY_ZOOMS, self.front.size), (ONET_ZOOMS, 4 * ONET_SIZE)]
+        if self.mmod is not None:
+            looks.append(((MMOD_ZOOM,), MMOD_SIZE))
+        crops = close_crops(images, [faces[:, :4] for faces in candidates], looks, self.device,  # scaled by _net
+                            scaled=False, mirrored=mirrored)
+        n = sum(len(faces) for faces in candidates)
         scores = []
         for start in range(0, n, CLOSE_LOOK_BATCH):
             k = min(CLOSE_LOOK_BATCH, n - start)
-            scores.append(self._scores(front[start * a:(start + k) * a], second[start * b:(start + k) * b], k))
-        return Looking(candidates, *to_host(torch.cat(scores) if len(scores) > 1 else scores[0]))
+            scores.append(self._scores([c[start * len(z):(start + k) * len(z)] for c, (z, _) in zip(crops, looks)], k))
+        return Looking(candidates, *to_host(torch.cat(scores) if len(scores) > 1 else scores[0]),
+                       self.mmod is not None)
 
     def scores(self, images: Sequence[Union[np.ndarray, torch.Tensor]], candidates: list[np.ndarray],
                mirrored: Optional[Sequence[np.ndarray]] = None) -> np.ndarray:
@@ -121,38 +156,43 @@ class CloseLook:
         if self._graphs is not None:
             self._graphs.wait()
 
-    def _scores(self, front: torch.Tensor, second: torch.Tensor, n: int) -> torch.Tensor:
-        """The scores of ``n`` candidates' crops: on a GPU padded to a power of two, as a CUDA graph when there is
-        one for that count (else the same networks eagerly: the same kernels, the same numbers)."""
+    def _scores(self, crops: list[torch.Tensor], n: int) -> torch.Tensor:
+        """The scores of ``n`` candidates' crops (per look, :meth:`launch`'s order): on a GPU padded to a power of
+        two, as a CUDA graph when there is one for that count (else the same networks eagerly: the same kernels,
+        the same numbers)."""
         if self.device.type != "cuda":
-            return self._net(front, second)
+            return self._net(*crops)
         padded = padded_count(n)
         entry = self._graphs.get(padded, later=self.background) if self._graphs is not None else None
         if entry is None:
-            front, second = pad_rows(front, len(VERIFY_ZOOMS) * padded), pad_rows(second, len(ONET_ZOOMS) * padded)
-            return self._net(front, second)[:n]
-        graph, (static_front, static_second), scores = entry
-        static_front[:len(front)].copy_(front)  # rows past them keep earlier (scaled) crops: their scores are not read
-        static_second[:len(second)].copy_(second)
+            return self._net(*[pad_rows(c, len(c) // n * padded) for c in crops])[:n]
+        graph, static, scores = entry
+        for into, c in zip(static, crops):
+            into[:len(c)].copy_(c)  # rows past them keep earlier (scaled) crops: their scores are not read
         graph.replay()
         return scores[:n].clone()  # the next replay overwrites the static scores
 
-    def _net(self, front: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    def _net(self, front: torch.Tensor, second: torch.Tensor, third: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Candidates' scores ``(n,)`` (float64) from their crops (pixels in [0, 255]; scaled here, in place): the
         mean of the front model's looks (:meth:`_centre`, VERIFY_ZOOMS) and ONet's (ONET_ZOOMS), weighed as one
-        and two."""
+        and two; with the MMOD look's crops ``third``, ``(n, 2)``: those and MMOD's mapped scores."""
         with torch.inference_mode():
             front, second = scale_crops(front), scale_crops(second)
             raw_boxes, raw_scores = self.front.net(front)
             front = self._centre(raw_boxes, raw_scores).double().reshape(-1, len(VERIFY_ZOOMS)).mean(dim=1)
             second = self.onet(onet_input(torch.nn.functional.avg_pool2d(second, 4)))
-            return (front + second.double().reshape(-1, len(ONET_ZOOMS)).sum(dim=1)) / (1 + len(ONET_ZOOMS))
+            score = (front + second.double().reshape(-1, len(ONET_ZOOMS)).sum(dim=1)) / (1 + len(ONET_ZOOMS))
+            if third is None:
+                return score
+            return torch.stack([score, mmod_mapped(self.mmod(third))], dim=1)
 
     def _capture(self, padded: int, stream: "torch.cuda.Stream", error_mode: str) -> tuple:
-        front = torch.zeros(padded * len(VERIFY_ZOOMS), 3, self.front.size, self.front.size, device=self.device)
-        second = torch.zeros(padded * len(ONET_ZOOMS), 3, 4 * ONET_SIZE, 4 * ONET_SIZE, device=self.device)
-        graph, scores = capture_graph(lambda: self._net(front, second), stream, error_mode)
-        return graph, (front, second), scores
+        static = [torch.zeros(padded * len(VERIFY_ZOOMS), 3, self.front.size, self.front.size, device=self.device),
+                  torch.zeros(padded * len(ONET_ZOOMS), 3, 4 * ONET_SIZE, 4 * ONET_SIZE, device=self.device)]
+        if self.mmod is not None:
+            static.append(torch.zeros(padded, 3, MMOD_SIZE, MMOD_SIZE, device=self.device))
+        graph, scores = capture_graph(lambda: self._net(*static), stream, error_mode)
+        return graph, tuple(static), scores
 
     def _centre(self, raw_boxes: torch.Tensor, raw_scores: torch.Tensor) -> torch.Tensor:
         """The front model's raw outputs for crops -> per crop the best score of a detection whose box covers the

@@ -77,13 +77,16 @@ def input_geometry(shape: tuple,
     return (nh, nw), (-(-nh // CELL) * CELL, -(-nw // CELL) * CELL), (nw / w, nh / h)
 
 
-def edge_rule(cut: np.ndarray, yunet: np.ndarray, close: np.ndarray) -> np.ndarray:
+def edge_rule(cut: np.ndarray, yunet: np.ndarray, close: np.ndarray, mmod: Optional[np.ndarray] = None) -> np.ndarray:
     """Candidates' scores from YuNet's and the close look's: the lower of the two; for a face the frame's left or
     right edge cuts, their mean (its close look sees the frame mirrored there: a face is nearly symmetric, so the
     half inside stands for the half outside, while YuNet sees half a face and scores it lower); for one only its
     top or bottom cuts, YuNet's own (the close look's crops are black beyond the frame, where its networks never
-    saw a face)."""
-    return np.where(cut == SIDE_CUT, (yunet + close) / 2, np.where(cut == END_CUT, yunet, np.minimum(yunet, close)))
+    saw a face). ``mmod``: the close look's MMOD look, mapped (:func:`.close_look.mmod_mapped`): a face the frame
+    does not cut scores no higher than it; a cut one keeps its score (MMOD, even mirrored, turns down most faces cut
+    at 42-58 %: measured, see docs/PERFORMANCE.md, Face detection)."""
+    score = np.where(cut == SIDE_CUT, (yunet + close) / 2, np.where(cut == END_CUT, yunet, np.minimum(yunet, close)))
+    return score if mmod is None else np.where(cut == 0, np.minimum(score, mmod), score)
 
 
 class Part(NamedTuple):
@@ -117,10 +120,10 @@ class YuNetDetector(FaceDetector):
 
     def __init__(self, device: Union[str, torch.device] = "cpu", weights: Union[str, Path, None] = None,
                  min_score: Optional[float] = None, max_side: int = MAX_SIDE, cuda_graphs: bool = True,
-                 background: bool = False, verify: bool = True) -> None:
+                 background: bool = False, verify: bool = True, mmod: bool = True) -> None:
         """``max_side``: an image's long side is scaled down to this (small faces shrink with it); ``background``: on
         a GPU, graphs are captured in a thread of their own while the first images run the network eagerly (the same
-        kernels: the same detections)."""
+        kernels: the same detections); ``mmod``: verified, the close look's MMOD look too (see :func:`edge_rule`)."""
         path = Path(weights) if weights else WEIGHTS
         if not path.is_file():
             raise DetectorError(f"YuNet weights not found at {path}; reinstall emonet (the file ships with the "
@@ -143,10 +146,12 @@ class YuNetDetector(FaceDetector):
         self.close_look = None
         if verify:
             from .blazeface import BlazeFaceDetector
+            from .mmod import load_mmod
             from .onet import load_onet
 
             front = BlazeFaceDetector(self.device, model="front", cuda_graphs=False, tiles=False, verify=False)
-            self.close_look = CloseLook(front, load_onet(self.device), self.device, self.cuda_graphs, background)
+            self.close_look = CloseLook(front, load_onet(self.device), self.device, self.cuda_graphs, background,
+                                        load_mmod(self.device) if mmod else None)
 
     def detect(self, images: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Per image, an ``(k, 5)`` array ``x1, y1, x2, y2, score``, best first."""
@@ -185,9 +190,10 @@ class YuNetDetector(FaceDetector):
             return self._candidates(handle, least)
         looking = self.advance(handle)
         out = []
-        for candidates, close in zip(looking.candidates, looking.per_image()):
+        checks = looking.mmod_per_image() or [None] * len(looking.candidates)
+        for candidates, close, mmod in zip(looking.candidates, looking.per_image(), checks):
             faces = candidates[:, :5].copy()  # (the sixth column: where the frame's edge cuts it)
-            faces[:, 4] = edge_rule(candidates[:, 5], faces[:, 4], close)
+            faces[:, 4] = edge_rule(candidates[:, 5], faces[:, 4], close, mmod)
             out.append(best_first(faces, least))
         return out
 

@@ -48,6 +48,9 @@ MMOD_ZOOM, MMOD_SIZE = 2.0, 200
 MMOD_THRESHOLD = 1.0
 MMOD_SLOPE = 4.0
 MMOD_AT = 0.8  # the detectors' threshold, where MMOD_THRESHOLD is mapped
+# A smaller box's crop is enlarged too much for MMOD: 24-px faces score 0.96-0.99; its look is not used there
+# (the animals' faces the close look passes are larger: measured, see docs/PERFORMANCE.md, Face detection).
+MMOD_MIN_SIDE = 28.0
 
 
 def mmod_mapped(confidence: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 from ..engine.graphs import Graphs, capture_graph
 from .base import DetectorError, FaceDetector
-from .close_look import CloseLook, Looking, best_first
+from .close_look import MMOD_MIN_SIDE, CloseLook, Looking, best_first
 from .decoding import suppress_sorted
 from .graph_policy import graph_worth_it, pad_rows, padded_count, powers_of_two
 from .transfer import frames_on, frames_to, to_host
@@ -82,9 +82,9 @@ def edge_rule(cut: np.ndarray, yunet: np.ndarray, close: np.ndarray, mmod: Optio
     right edge cuts, their mean (its close look sees the frame mirrored there: a face is nearly symmetric, so the
     half inside stands for the half outside, while YuNet sees half a face and scores it lower); for one only its
     top or bottom cuts, YuNet's own (the close look's crops are black beyond the frame, where its networks never
-    saw a face). ``mmod``: the close look's MMOD look, mapped (:func:`.close_look.mmod_mapped`): a face the frame
-    does not cut scores no higher than it; a cut one keeps its score (MMOD, even mirrored, turns down most faces cut
-    at 42-58 %: measured, see docs/PERFORMANCE.md, Face detection)."""
+    saw a face). ``mmod``: the close look's MMOD look, mapped (:func:`.close_look.mmod_mapped`; 1 for a box under
+    MMOD_MIN_SIDE): a face the frame does not cut scores no higher than it; a cut one keeps its score (MMOD, even
+    mirrored, turns down most faces cut at 42-58 %: measured, see docs/PERFORMANCE.md, Face detection)."""
     score = np.where(cut == SIDE_CUT, (yunet + close) / 2, np.where(cut == END_CUT, yunet, np.minimum(yunet, close)))
     return score if mmod is None else np.where(cut == 0, np.minimum(score, mmod), score)
 
@@ -193,6 +193,9 @@ class YuNetDetector(FaceDetector):
         checks = looking.mmod_per_image() or [None] * len(looking.candidates)
         for candidates, close, mmod in zip(looking.candidates, looking.per_image(), checks):
             faces = candidates[:, :5].copy()  # (the sixth column: where the frame's edge cuts it)
+            if mmod is not None:  # (too small a box: MMOD's look not used, see MMOD_MIN_SIDE)
+                side = np.maximum(faces[:, 2] - faces[:, 0], faces[:, 3] - faces[:, 1])
+                mmod = np.where(side < MMOD_MIN_SIDE, 1.0, mmod)
             faces[:, 4] = edge_rule(candidates[:, 5], faces[:, 4], close, mmod)
             out.append(best_first(faces, least))
         return out

@@ -41,11 +41,11 @@ CLOSE_LOOK_BATCH = 32
 # finds it at its pyramid's first levels; 1.1 GFLOP a crop, its tiled pyramid 776x222), scored as dlib's detector
 # would (:class:`.mmod.CropScorer`; its confidence: a face from 0, real faces some 1.0-1.1, animals' faces the close
 # look passes mostly under 0.9). Mapped so that MMOD_THRESHOLD is the detectors' 0.8 (:func:`mmod_mapped`): the
-# highest that keeps 99 % of the faces the detector found without it (photos of a tune split); MMOD_SLOPE puts
-# the tracker's hold (0.1 under the threshold) at 0.975 and leaves faces from 1.05 as they were (measured: see
-# docs/PERFORMANCE.md, Face detection).
+# highest that keeps every face the detector found without it on photos of a tune split (at 1.0, 99 % of them,
+# crowded faces half behind hands were lost); MMOD_SLOPE puts the tracker's hold (0.1 under the threshold) 0.025
+# lower and leaves faces from 1.03 as they were (measured: see docs/PERFORMANCE.md, Face detection).
 MMOD_ZOOM, MMOD_SIZE = 2.0, 200
-MMOD_THRESHOLD = 1.0
+MMOD_THRESHOLD = 0.98
 MMOD_SLOPE = 4.0
 MMOD_AT = 0.8  # the detectors' threshold, where MMOD_THRESHOLD is mapped
 # A smaller box's crop is enlarged too much for MMOD: 24-px faces score 0.96-0.99; its look is not used there

@@ -9,8 +9,9 @@ dlib runs the network over an image pyramid (each level 5/6 of the one before) t
 (:class:`TiledPyramid`, as its ``input_rgb_image_pyramid`` does); a detection is an output above 0, its box the
 network's 80x80 window at that point, mapped back to the image. :class:`CropScorer` scores square crops around
 candidates the same way: per crop the best output whose box is centred in the crop's middle third, which is the
-confidence dlib reports for the face of a crop of one face. Plain fp32 convolutions, the same on the CPU and a GPU;
-for a crop size the shapes are fixed (the close look's CUDA graphs capture it).
+confidence dlib reports for the face of a crop of one face. Plain fp32 convolutions, on a GPU under the process's
+TF32 setting as the close look's other networks (cuDNN's flags are global: a thread capturing graphs must not flip
+them under the engine); for a crop size the shapes are fixed (the close look's CUDA graphs capture it).
 """
 from __future__ import annotations
 

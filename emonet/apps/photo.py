@@ -131,11 +131,7 @@ def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.nda
     if args.json:
         doc = {**provenance(engine), "untrained": engine.untrained, "detector": detector.name,
                "refine": args.refine, "images": records, "latency": latency}
-        text = json.dumps(doc, indent=2)
-        if args.json == STDOUT:
-            sys.stdout.write(text + "\n")
-        else:
-            write_text(args.json, text + "\n")
+        _write(args.json, json.dumps(doc, indent=2) + "\n")
     if args.csv:
         fields = photo_fields(names) + (["untrained"] if engine.untrained else [])
         buffer = io.StringIO()
@@ -143,10 +139,7 @@ def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.nda
         writer.writeheader()
         for row in rows:
             writer.writerow({**row, **({"untrained": 1} if engine.untrained else {})})
-        if args.csv == STDOUT:
-            sys.stdout.write(buffer.getvalue())
-        else:
-            write_text(args.csv, buffer.getvalue())
+        _write(args.csv, buffer.getvalue())
     n_faces = sum(len(r["faces"]) for r in records)
     print(f"\n{plural(count, 'image')}, {plural(n_faces, 'face')}, {failures} unreadable", file=sys.stderr)
     print(image_timer.summary().format("whole pipeline (detect + crop + EmoNet) per image", "image"),
@@ -156,6 +149,14 @@ def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.nda
     if engine.background_note:
         print(f"engine: {engine.background_note}", file=sys.stderr)
     return 1 if failures else 0
+
+
+def _write(path: str, text: str) -> None:
+    """A whole output: to standard output for ``-``, else to the file, whole or not at all."""
+    if path == STDOUT:
+        sys.stdout.write(text)
+    else:
+        write_text(path, text)
 
 
 def _report(path: Path, faces: list[FaceResult], names, untrained: bool) -> None:

@@ -147,21 +147,38 @@ def run_load(url: str, frames: list[bytes], streams: int, fps: float = 30.0, sec
     return result
 
 
+def camera_frames(clip: "str | Path", width: int = 640, height: int = 480, count: int = 300) -> list[bytes]:
+    """The clip's first ``count`` frames as a ``width`` x ``height`` camera sends them: JPEG, each frame's centre
+    cut to the camera's aspect, then scaled (a 16:9 clip's faces are not stretched into a 4:3 frame)."""
+    import av
+    import cv2
+
+    frames = []
+    with av.open(str(clip)) as container:
+        for _, frame in zip(range(count), container.decode(video=0)):
+            image = frame.to_ndarray(format="bgr24")
+            h, w = image.shape[:2]
+            if w * height > h * width:  # wider than the camera: its sides cut
+                cut = round(h * width / height)
+                image = image[:, (w - cut) // 2:(w - cut) // 2 + cut]
+            elif w * height < h * width:  # taller: its top and bottom cut
+                cut = round(w * height / width)
+                image = image[(h - cut) // 2:(h - cut) // 2 + cut]
+            image = cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
+            frames.append(cv2.imencode(".jpg", image)[1].tobytes())
+    return frames
+
+
 def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float = 30.0,
                      clip: Optional[str] = None) -> str:
     """The service at ``url`` under each count of concurrent streams (:func:`run_load`), as a
     Markdown table: the client's round trip first, frames answered, dropped and never answered, the server's
-    latency, GPU step sizes. ``clip``: a video whose frames (as 640x480 JPEG) are sent (default: a made-up clip
-    of a real face)."""
-    import av
-    import cv2
-
+    latency, GPU step sizes. ``clip``: a video whose frames (as 640x480 JPEG, :func:`camera_frames`) are sent
+    (default: a made-up clip of a real face)."""
     health = json.loads(urllib.request.urlopen(f"{url}/health", timeout=10).read())
     with tempfile.TemporaryDirectory(prefix="emonet-load-") as tmp:
         path = clip or make_clip(Path(tmp) / "clip.mp4", width=640, height=480, frames=30)
-        with av.open(str(path)) as container:
-            frames = [cv2.imencode(".jpg", cv2.resize(f.to_ndarray(format="bgr24"), (640, 480)))[1].tobytes()
-                      for _, f in zip(range(300), container.decode(video=0))]
+        frames = camera_frames(path)
     lines = [f"Service: {url}, {health.get('engine')} on {health.get('device')}, JPEG decoded by "
              f"{health.get('jpeg_decoder', '?')}; 640x480 JPEG frames of {clip or 'a made-up clip of a real face'} "
              f"({sum(map(len, frames)) // len(frames) // 1024} KB), {fps:g} frames/s a stream paced by the clock, "

@@ -1,6 +1,5 @@
-"""Several GPU loops behind one service (emonet.serve.pool), for real on the CPU: sessions spread over the loops
-(threads of one process, or processes of their own), each loop the same runtime giving the same numbers, a loop
-that cannot start or that dies said in one line."""
+"""Several GPU loops behind one service (emonet.serve.pool), for real on the CPU: sessions spread over the loops,
+each loop the same runtime giving the same numbers, a loop that cannot start or that dies said in one line."""
 import json
 import signal
 import subprocess
@@ -23,12 +22,11 @@ from .test_serve import PHOTO, ROOT, assert_video_rows, children, png_clip, star
 pytestmark = pytest.mark.slow  # loops in processes of their own
 
 
-@pytest.mark.parametrize("processes", [1, 2])
-def test_a_session_opens_in_the_loop_with_fewest_and_either_loop_gives_the_same_answer(processes):
-    pool = LoopPool(ModelOptions(weights="random", device="cpu"), loops=2, processes=processes)
+def test_a_session_opens_in_the_loop_with_fewest_and_either_loop_gives_the_same_answer():
+    pool = LoopPool(ModelOptions(weights="random", device="cpu"), loops=2)
     try:
         assert pool.about["loops"] == 2 and pool.alive and pool.failure is None
-        assert len({p._helper.proc.pid for p in pool.processes}) == processes  # two threads of one, or two
+        assert len({loop._helper.proc.pid for loop in pool.loops}) == 2  # two processes
         first, second, request = pool.open(), pool.open(), pool.open(one_shot=True)
         assert pool.sessions == [2, 1]  # the first and the request in loop 0, the second in loop 1
         image = cv2.cvtColor(cv2.imread(str(PHOTO)), cv2.COLOR_BGR2RGB)
@@ -48,9 +46,9 @@ def test_a_session_opens_in_the_loop_with_fewest_and_either_loop_gives_the_same_
 
 
 def test_after_a_loop_dies_new_sessions_open_in_the_loops_still_running():
-    pool = LoopPool(ModelOptions(weights="random", device="cpu", detector="yunet"), loops=2, processes=2)
+    pool = LoopPool(ModelOptions(weights="random", device="cpu", detector="yunet"), loops=2)
     try:
-        pool.processes[0]._helper.proc.kill()  # the loop a new session would open in first
+        pool.loops[0]._helper.proc.kill()  # the loop a new session would open in first
         deadline = time.monotonic() + 30
         while pool.failure is None and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -66,8 +64,8 @@ def test_after_a_loop_dies_new_sessions_open_in_the_loops_still_running():
 def test_two_streams_at_once_on_two_loops_each_give_the_video_tools_rows(png_clip, tmp_path):
     path, frames = png_clip
     proc, url = start_server("--loops", "2")
-    try:  # two loops, threads of one process
-        assert httpx.get(f"{url}/health").json()["loops"] == 2 and len(children(proc.pid)) == 1
+    try:
+        assert httpx.get(f"{url}/health").json()["loops"] == 2 and len(children(proc.pid)) == 2
         with connect(ws_url(url), max_size=None) as one, connect(ws_url(url), max_size=None) as two:
             replies: list = [[], []]
             for frame in frames:  # both streams open, a frame each in turn
@@ -91,8 +89,7 @@ def test_two_streams_at_once_on_two_loops_each_give_the_video_tools_rows(png_cli
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_or_sigterm_while_the_loops_load_leaves_none_behind(sig):
     proc = subprocess.Popen([sys.executable, "-m", "emonet.apps.serve", "--weights", "random", "--device", "cpu",
-                             "--processes", "2", "--port", str(free_port())], cwd=ROOT, stderr=subprocess.PIPE,
-                            text=True)
+                             "--loops", "2", "--port", str(free_port())], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while len(children(proc.pid)) < 2 and time.monotonic() < deadline:  # both loops started, loading
         time.sleep(0.02)
@@ -108,7 +105,7 @@ def test_ctrl_c_or_sigterm_while_the_loops_load_leaves_none_behind(sig):
 
 
 def test_a_loop_that_dies_is_said_by_health_and_the_others_stop_with_the_server():
-    proc, url = start_server("--loops", "2", "--processes", "2")
+    proc, url = start_server("--loops", "2")
     try:
         loops = children(proc.pid)
         assert len(loops) == 2
@@ -141,10 +138,7 @@ def test_loops_that_cannot_load_the_checkpoint_are_one_line(tmp_path):
     assert lines[-1].startswith(f"error: checkpoint not found: {tmp_path / 'missing.pth'}") and len(lines) == 1
 
 
-@pytest.mark.parametrize("args, message", [(["--loops", "17"], "--loops takes at most 16"),
-                                           (["--loops", "2", "--processes", "3"], "--processes must be between 1 and "
-                                                                                  "--loops (2), not 3")])
-def test_more_loops_or_processes_than_it_takes_is_one_line(args, message):
-    out = subprocess.run([sys.executable, "-m", "emonet.apps.serve", *args], cwd=ROOT, capture_output=True,
+def test_more_loops_than_it_takes_is_one_line():
+    out = subprocess.run([sys.executable, "-m", "emonet.apps.serve", "--loops", "17"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
-    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(f"serve.py: error: {message}")
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("serve.py: error: --loops takes at most 16")

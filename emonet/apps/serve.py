@@ -55,13 +55,10 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     limits.add_argument("--max-image-mb", type=float, default=20.0, metavar="MB",
                         help="largest encoded image or frame taken (default: 20)")
     limits.add_argument("--loops", type=int, default=None, metavar="N",
-                        help="GPU loops sharing the streams and requests, each session in one: one loop waits at "
-                             "each step for the GPU, another fills it meanwhile; each holds its own copy of the model "
-                             "on the GPU (default: 2 on a GPU of 16 GB or more, else 1; docs/PERFORMANCE.md has the "
-                             "figures)")
-    limits.add_argument("--processes", type=int, default=1, metavar="P",
-                        help="run the loops in P processes rather than as threads of one (default: 1; on one GPU "
-                             "processes take turns at it, threads share it: measured slower)")
+                        help="GPU loops (processes) sharing the streams and requests, each session in one: at a few "
+                             "dozen streams one loop's interpreter, not the GPU, sets the pace; each holds its own "
+                             "copy of the model on the GPU (default: 2 on a GPU of 16 GB or more, else 1; "
+                             "docs/PERFORMANCE.md has the figures)")
     limits.add_argument("--max-batch", type=int, default=64, metavar="N",
                         help="frames per GPU step, every stream's of a loop together (default: 64; at 64 "
                              "streams, 16 halved the latency's tail: docs/PERFORMANCE.md)")
@@ -89,10 +86,8 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
     if args.loops is not None and args.loops > MAX_LOOPS:
-        parser.error(f"--loops takes at most {MAX_LOOPS} (each loop holds its own copy of the model), "
+        parser.error(f"--loops takes at most {MAX_LOOPS} (each loop is a process with its own copy of the model), "
                      f"not {args.loops}")
-    if args.processes < 1 or args.processes > (args.loops or MAX_LOOPS):
-        parser.error(f"--processes must be between 1 and --loops ({args.loops or MAX_LOOPS}), not {args.processes}")
     if args.max_image_mb <= 0:
         parser.error("--max-image-mb must be positive")
     if args.max_age_ms < 0:
@@ -124,8 +119,7 @@ def run(args: argparse.Namespace) -> int:
     # Stopped while the loops load (SIGTERM as Ctrl-C): they are ended and it says so, none left behind.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     loop = LoopPool(options, live_config(config), gpu_decode=config.gpu_decode,
-                    loops=args.loops if args.loops is not None else max(default_loops(options), args.processes),
-                    processes=args.processes)
+                    loops=args.loops if args.loops is not None else default_loops(options))
     app = create_app(loop, config)
     from ..runtime import freeze_loaded
 

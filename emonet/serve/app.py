@@ -10,10 +10,10 @@
 - ``GET /``: the browser page (webcam -> stream -> drawn results).
 
 Every stream, and every analyze request, is a session of a :class:`~emonet.video.live.LiveLoop`: the video
-runtime's scheduler, stepping every session that has frames on one GPU loop; the loops run in a process of their
-own (:class:`~emonet.serve.loop_process.LoopProcess`) so that this server's event loop never waits for their
-interpreter. On a GPU two loops, threads of that process, share the sessions (:class:`~emonet.serve.pool.LoopPool`),
-each session wholly in one. Nothing is kept between requests, and a stream's state lives with its connection, so replicas scale
+runtime's scheduler, stepping every session that has frames on one GPU loop, which runs in a process of its own
+(:class:`~emonet.serve.loop_process.LoopProcess`) so that this server's event loop never waits for its
+interpreter; on a GPU two such loops share the sessions (:class:`~emonet.serve.pool.LoopPool`), each session
+wholly in one. Nothing is kept between requests, and a stream's state lives with its connection, so replicas scale
 behind any load balancer.
 """
 from __future__ import annotations
@@ -138,7 +138,7 @@ class Metrics:
             lambda: loop.running)
         sessions = Gauge("emonet_loop_sessions", "sessions (streams and requests) open in each GPU loop", ["loop"],
                          registry=self.registry)
-        for k in range(loop.loops):
+        for k in range(len(loop.loops)):
             sessions.labels(str(k)).set_function(lambda k=k: loop.sessions[k])
 
     def step(self, images: int, faces: int, seconds: float) -> None:
@@ -209,7 +209,7 @@ def create_app(loop: LoopPool, config: ServeConfig = ServeConfig()) -> FastAPI:
         if not loop.alive:  # a load balancer sends no more work here (the loops still running answer meanwhile)
             running = loop.running
             return JSONResponse({"status": "degraded" if running else "stopped",
-                                 "why": loop.failure or "the live loop has stopped", "loops": loop.loops,
+                                 "why": loop.failure or "the live loop has stopped", "loops": len(loop.loops),
                                  "loops_running": running, "sessions_per_loop": loop.sessions}, 503)
         return JSONResponse({"status": "ready", **about, "streams": state["streams"],
                              "max_streams": config.max_streams, "sessions_per_loop": loop.sessions})

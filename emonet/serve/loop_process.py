@@ -1,20 +1,15 @@
-"""The service's GPU loops in a process of their own: the web server's event loop and the live loops never share an
+"""The service's GPU loop in a process of its own: the web server's event loop and the live loop never share an
 interpreter.
 
-Every stream's frames go through a :class:`~emonet.video.live.LiveLoop`; its host work (each session's tracking,
+Every stream's frames go through one :class:`~emonet.video.live.LiveLoop`; its host work (each session's tracking,
 planning and results, the detector's and the engine's launches) and the web server's (reading frames off the
-sockets, writing JSON) would take turns holding one interpreter. :class:`LoopProcess` starts the loops in a helper
-process (:mod:`emonet.io.helper`: a fresh interpreter, pipes both ways, one Ctrl-C policy) and speaks to them as a
-loop itself is spoken to: :meth:`~LoopProcess.open`, :meth:`~LoopProcess.submit` (a future per frame),
-:meth:`~LoopProcess.close_session`, :meth:`~LoopProcess.close`. The frames go over as their encoded bytes (decoded on
-the GPU there) or as RGB pixels; the answers come back as :class:`Answer`\\ s, their faces already JSON: the web
-server's event loop, which also reads every frame off its socket, only puts the pieces of a reply together.
-
-A process may run several loops, each a thread with its own pipeline (its model, detector and CUDA graphs), a
-session wholly in one: a loop spends most of a step waiting at its syncs for the GPU, and another loop's work
-fills the GPU meanwhile. Threads of one process share one CUDA context, where both loops' kernels run side by side;
-loops in processes of their own take turns at the GPU, a context at a time (measured: docs/PERFORMANCE.md,
-*The service*).
+sockets, writing JSON) each take most of a core at a few dozen streams, and in one process they would take turns
+holding one interpreter. :class:`LoopProcess` starts the loop in a helper process (:mod:`emonet.io.helper`: a
+fresh interpreter, pipes both ways, one Ctrl-C policy) and speaks to it as the loop itself is spoken to:
+:meth:`~LoopProcess.open`, :meth:`~LoopProcess.submit` (a future per frame), :meth:`~LoopProcess.close_session`,
+:meth:`~LoopProcess.close`. The frames go over as their encoded bytes (decoded on the GPU there) or as RGB
+pixels; the answers come back as :class:`Answer`\\ s, their faces already JSON: the web server's event loop,
+which also reads every frame off its socket, only puts the pieces of a reply together.
 """
 from __future__ import annotations
 
@@ -75,15 +70,12 @@ class LoopProcess:
     and warmed there before the constructor returns."""
 
     def __init__(self, options: ModelOptions, live: LiveConfig = LiveConfig(), gpu_decode: bool = True,
-                 on_step: Optional[StepHook] = None, quiet: bool = False, wait: bool = True, loops: int = 1) -> None:
+                 on_step: Optional[StepHook] = None, quiet: bool = False, wait: bool = True) -> None:
         """``gpu_decode``: JPEG frames decoded on the GPU there where it can; ``on_step(frames, faces, seconds)``: each
         step's figures, called in this process's listener thread; ``quiet``: its loading says nothing short of an
-        error (a pool's processes after the first, whose lines would repeat the first one's); ``wait``: until it is
-        ready (else :meth:`wait_ready`, so that several start side by side); ``loops``: live loops in the process,
-        each a thread with its own pipeline (see the module). Raises what :meth:`wait_ready` raises."""
-        if loops < 1:
-            raise ValueError(f"a loop process runs at least one loop, not {loops}")
-        self.loops = loops
+        error (a pool's loops after the first, whose lines would repeat the first one's); ``wait``: until it is
+        ready (else :meth:`wait_ready`, so that several start side by side). Raises what :meth:`wait_ready`
+        raises."""
         self.on_step = on_step
         self.about: Optional[dict] = None  # what it runs (provenance, detector, JPEG decoder)
         self._refused: Optional[str] = None
@@ -92,7 +84,7 @@ class LoopProcess:
         self._lock = threading.Lock()
         self._ids = count()
         spec = json.dumps({"options": asdict(options), "live": asdict(live), "gpu_decode": gpu_decode,
-                           "quiet": quiet, "loops": loops})
+                           "quiet": quiet})
         self._helper = HelperClient(
             "GPU loop", start_helper("emonet.serve.loop_process:main", spec),
             {"ready": self._ready, "refused": self._refuse, "answer": self._answer, "failed": self._failed,
@@ -131,13 +123,10 @@ class LoopProcess:
         """Why the loop's process ended, where it ended unasked."""
         return self._helper.failure
 
-    def open(self, one_shot: bool = False, loop: int = 0) -> int:
-        """A new session in the process's ``loop``-th loop (see :meth:`emonet.video.live.LiveLoop.open`): its
-        number."""
-        if not 0 <= loop < self.loops:
-            raise ValueError(f"this process runs loops 0 to {self.loops - 1}, not {loop}")
+    def open(self, one_shot: bool = False) -> int:
+        """A new session (see :meth:`emonet.video.live.LiveLoop.open`): its number."""
         session = next(self._ids)
-        self._helper.send(("open", session, one_shot, loop))
+        self._helper.send(("open", session, one_shot))
         return session
 
     def submit(self, session: int, payload: Union[np.ndarray, bytes], index: Optional[int] = None,
@@ -247,7 +236,7 @@ class LoopProcess:
 
 
 def main(spec: str) -> int:
-    """The helper process: load the model, run the live loops, take sessions and frames from standard input and
+    """The helper process: load the model, run the live loop, take sessions and frames from standard input and
     write their answers to standard output until its input ends."""
     import torch
 
@@ -264,36 +253,25 @@ def main(spec: str) -> int:
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     config = json.loads(spec)
-    logger = logging.getLogger(LOGGER)
     if config.get("quiet"):
-        logger.setLevel(logging.ERROR)
-    pipelines = []
+        logging.getLogger(LOGGER).setLevel(logging.ERROR)
     try:
-        for k in range(config.get("loops", 1)):
-            if k == 1:  # the loops after the first say nothing short of an error: their lines repeat the first's
-                logger.setLevel(logging.ERROR)
-            pipelines.append(build_pipeline(ModelOptions(**config["options"])))
-            pipelines[-1].warmup()
+        pipeline = build_pipeline(ModelOptions(**config["options"]))
+        pipeline.warmup()
     except (InputError, CheckpointError, DetectorError, DeviceError) as exc:  # the user's to mend: one line
         return _refuse(out, str(exc))
     except torch.cuda.OutOfMemoryError:
         return _refuse(out, "the GPU has too little memory free for the model and its CUDA graphs; free some, "
                             "or run fewer GPU loops (--loops 1)")
-    builds = [provenance(p.engine) for p in pipelines]
-    differ = [f"{key} {builds[0][key]} and {b[key]}" for b in builds[1:] for key in ("engine", "precision")
-              if b[key] != builds[0][key]]
-    if differ:  # one loop compiled its engine and another could not: a face would get other numbers in each
-        return _refuse(out, f"the GPU loops started differently ({differ[0]}), so a face would get other numbers "
-                            f"in each: run one loop (--loops 1) or start it with --no-compile")
-    engine = pipelines[0].engine
+    engine = pipeline.engine
     jpeg = gpu_decoder(engine.device) if config["gpu_decode"] else None
     names = list(engine.class_names)
     outbox: "queue.SimpleQueue[Optional[tuple]]" = queue.SimpleQueue()
-    outbox.put(("ready", {**builds[0], "untrained": engine.untrained, "detector": pipelines[0].detector.name,
+    outbox.put(("ready", {**provenance(engine), "untrained": engine.untrained, "detector": pipeline.detector.name,
                           "jpeg_decoder": "nvjpeg" if jpeg is not None else "cpu"}))
 
     def write() -> None:
-        # One thread writes: an answer is pickled here, not in a loop's thread, which called back with it; the
+        # One thread writes: an answer is pickled here, not in the loop's thread, which called back with it; the
         # answers come in runs (a step's), and a run goes in one write (see emonet.io.ipc.messages).
         while True:
             items = [outbox.get()]
@@ -317,32 +295,29 @@ def main(spec: str) -> int:
     live = LiveConfig(**config["live"])
     if engine.device.type != "cuda":
         live = replace(live, max_age=None)  # a CPU's step outlasts any age allowed: no frame dropped for it
-    loops = [LiveLoop(pipeline, live, decode_jpeg=jpeg, on_step=lambda *figures: outbox.put(("step", *figures)))
-             for pipeline in pipelines]
+    loop = LiveLoop(pipeline, live, decode_jpeg=jpeg,
+                    on_step=lambda *figures: outbox.put(("step", *figures)))
     freeze_loaded()
-    sessions = {}  # the server's number -> (its loop, the loop's own session)
+    sessions = {}
     try:
         for message in messages(sys.stdin.buffer):
             kind = message[0]
             if kind == "frame":
                 _, session, request, payload, index, timestamp = message
                 try:
-                    loop, own = sessions[session]
-                    future = loop.submit(own, payload, index, timestamp)
+                    future = loop.submit(sessions[session], payload, index, timestamp)
                 except Exception as exc:  # noqa: BLE001 - a refused frame is said to its client
                     outbox.put(("failed", request, False, str(exc)))
                     continue
                 future.add_done_callback(lambda f, request=request: outbox.put(("done", request, f)))
             elif kind == "open":
-                _, session, one_shot, k = message
-                sessions[session] = (loops[k], loops[k].open(one_shot=one_shot))
+                sessions[message[1]] = loop.open(one_shot=message[2])
             elif kind == "close":
-                entry = sessions.pop(message[1], None)
-                if entry is not None:
-                    entry[0].close_session(entry[1])
+                session = sessions.pop(message[1], None)
+                if session is not None:
+                    loop.close_session(session)
     finally:
-        for loop in loops:
-            loop.close()  # every frame taken is answered
+        loop.close()  # every frame taken is answered
         outbox.put(None)
         writer.join()
         with contextlib.suppress(BrokenPipeError):

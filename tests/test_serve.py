@@ -365,3 +365,41 @@ def test_a_checkpoint_the_loop_cannot_load_is_one_line_before_the_server_listens
                          timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert out.stderr.strip().splitlines()[-1].startswith(f"error: checkpoint not found: {tmp_path / 'missing.pth'}")
+
+
+def _rss_mb(pids: list[int]) -> float:
+    """Resident memory of ``pids`` together, in MB (from /proc)."""
+    total = 0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return total / 1024
+
+
+def test_a_client_flooding_a_stream_leaves_the_servers_memory_flat():
+    # Frames of about 1.5 MB (2.7 MB decoded) sent far faster than a CPU reads them, 40 at a time: the server
+    # answers each (most as dropped) and holds a bounded few, so its memory after 12 bursts is what it was after 3,
+    # while the bursts between brought some 500 MB of frames.
+    rng = np.random.default_rng(0)
+    photo = cv2.resize(cv2.imread(str(PHOTO)), (1280, 720))
+    frames = [cv2.imencode(".jpg", cv2.add(photo, rng.integers(0, 60, photo.shape, dtype=np.uint8)),
+                           [cv2.IMWRITE_JPEG_QUALITY, 100])[1].tobytes() for _ in range(4)]
+    assert min(map(len, frames)) > 1_000_000
+    proc, url = start_server()
+    try:
+        pids = [proc.pid, *children(proc.pid)]
+        sizes, sent = [], 0
+        with connect(ws_url(url), max_size=None) as ws:
+            for burst in range(12):
+                for k in range(40):
+                    ws.send(frames[k % len(frames)])
+                replies = [json.loads(ws.recv(timeout=300)) for _ in range(40)]
+                assert [r["frame"] for r in replies] == list(range(sent, sent + 40))
+                assert all("error" not in r for r in replies)
+                sent += 40
+                sizes.append(_rss_mb(pids))
+        assert sizes[-1] - sizes[2] < 64, sizes
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)

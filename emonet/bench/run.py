@@ -249,7 +249,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "streams of 640x480 JPEG frames: lost and reordered frames, server latency p50/p99, GPU "
                              "batch sizes")
     parser.add_argument("--serve-clip", default=None, metavar="VIDEO",
-                        help="--serve-load sends this video's frames (as 640x480 JPEG; default: a made-up clip)")
+                        help="--serve-load sends this video's frames as a 640x480 camera would (JPEG, the centre cut to 4:3, "
+                             "then scaled; default: a made-up clip)")
     parser.add_argument("--serve-streams", default="1,8,16,32", metavar="N[,N...]",
                         help="stream counts of --serve-load (default 1,8,16,32)")
     parser.add_argument("--serve-seconds", default=10.0, type=float, metavar="S",

@@ -403,3 +403,18 @@ def test_a_client_flooding_a_stream_leaves_the_servers_memory_flat():
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+def test_max_streams_left_out_is_what_a_cpu_was_measured_to_answer():
+    from emonet.apps.serve import CPU_STREAMS
+    proc, url = start_server()
+    try:
+        assert httpx.get(f"{url}/health").json()["max_streams"] == CPU_STREAMS == 2
+        with contextlib.ExitStack() as stack:
+            for _ in range(CPU_STREAMS):
+                stack.enter_context(connect(ws_url(url), max_size=None))
+            with connect(ws_url(url)) as extra:
+                assert "at its limit of 2 streams" in json.loads(extra.recv(timeout=30))["error"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)

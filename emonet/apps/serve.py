@@ -36,6 +36,10 @@ exit codes: 2 bad input or options (a port in use, a checkpoint the loop cannot 
 
 
 MAX_LOOPS = 16  # GPU loops a service runs at most
+# --max-streams left out: what the device was measured to answer at 30 frames/s a stream. On an H100 (and an H200)
+# 64 streams had half their frames dropped and every answer 150 ms late or more, 32 a few percent; on a 2-core CPU
+# one stream is read at a few frames/s and four waited seconds for each answer (docs/PERFORMANCE.md, The service).
+GPU_STREAMS, CPU_STREAMS = 32, 2
 
 
 def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> argparse.Namespace:
@@ -50,8 +54,10 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                      help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for every one)")
     net.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     limits = parser.add_argument_group("limits and batching")
-    limits.add_argument("--max-streams", type=int, default=64, metavar="N",
-                        help="WebSocket streams open at once; the next is refused with a message (default: 64)")
+    limits.add_argument("--max-streams", type=int, default=None, metavar="N",
+                        help="WebSocket streams open at once; the next is refused with a message (default: what the "
+                             f"device was measured to answer: {GPU_STREAMS} on a GPU, {CPU_STREAMS} on a CPU; "
+                             "docs/PERFORMANCE.md)")
     limits.add_argument("--max-image-mb", type=float, default=20.0, metavar="MB",
                         help="largest encoded image or frame taken (default: 20)")
     limits.add_argument("--loops", type=int, default=None, metavar="N",
@@ -111,13 +117,14 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise InputError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); choose another --port "
                              f"or --host") from None
-    config = ServeConfig(max_streams=args.max_streams, max_image_bytes=int(args.max_image_mb * (1 << 20)),
+    options = model_options(args)
+    max_streams = args.max_streams if args.max_streams is not None else default_max_streams(options)
+    config = ServeConfig(max_streams=max_streams, max_image_bytes=int(args.max_image_mb * (1 << 20)),
                          max_batch=args.max_batch, detect_every=args.detect_every, smooth=args.smooth,
                          max_age=args.max_age_ms / 1000 if args.max_age_ms > 0 else None)
-    # The model loads (and warms) in the loop's own process; a checkpoint it cannot load is one line here.
-    options = model_options(args)
     # Stopped while the loops load (SIGTERM as Ctrl-C): they are ended and it says so, none left behind.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # The model loads (and warms) in the loops' own processes; a checkpoint they cannot load is one line here.
     loop = LoopPool(options, live_config(config), gpu_decode=config.gpu_decode,
                     loops=args.loops if args.loops is not None else default_loops(options))
     app = create_app(loop, config)
@@ -144,6 +151,16 @@ def run(args: argparse.Namespace) -> int:
     at_once = getattr(app.state, "stopped_at_once", False)
     print("emonet-serve: stopped at once (a second Ctrl-C)" if at_once else "emonet-serve: stopped", file=sys.stderr)
     return 130 if stopped_by else 0
+
+
+def default_max_streams(options: ModelOptions) -> int:
+    """``--max-streams`` left out: GPU_STREAMS on a GPU, CPU_STREAMS on a CPU (see them)."""
+    from ..runtime import DeviceError, select_device
+    try:
+        device = select_device(options.device, quiet=True)
+    except DeviceError:  # the loop says why, in its one line
+        return CPU_STREAMS
+    return GPU_STREAMS if device.type == "cuda" else CPU_STREAMS
 
 
 def default_loops(options: ModelOptions) -> int:

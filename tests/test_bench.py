@@ -4,7 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytestmark = pytest.mark.slow  # end-to-end: the tools in processes of their own
@@ -149,28 +148,3 @@ def test_each_mode_reports_its_spread_over_batches_beside_its_agreement(tmp_path
     assert line.split("|")[-2].strip() == ("0" if spread == 0 else f"{spread:.2g}")
     assert "alone and in batches of 1, 3, 8" in report.read_text()
 
-
-@pytest.mark.parametrize("size, keep", [((1280, 720), (slice(None), slice(160, 1120))),
-                                        ((480, 800), (slice(220, 580), slice(None)))])
-def test_serve_load_sends_a_clip_as_a_4_3_camera_would_its_centre_unstretched(tmp_path, size, keep):
-    import cv2
-
-    from emonet.bench.load import camera_frames
-    from emonet.io.writer import VideoWriter
-
-    width, height = size
-    frame = np.zeros((height, width, 3), np.uint8)
-    frame[..., 0] = 200  # red where the camera's 4:3 frame does not reach
-    frame[keep] = (30, 180, 60)
-    path = tmp_path / "wide.mp4"
-    writer = VideoWriter(path, 30.0, (width, height))
-    for _ in range(3):
-        writer.write(frame)
-    writer.close()
-    frames = camera_frames(path, count=2)
-    assert len(frames) == 2
-    image = cv2.cvtColor(cv2.imdecode(np.frombuffer(frames[0], np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
-    assert image.shape == (480, 640, 3)
-    # Every pixel from the centre's colour (a stretched frame would bring the red sides in).
-    inner = image[4:-4, 4:-4].astype(int)
-    assert np.abs(inner - (30, 180, 60)).max() < 40

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 EXAMPLES = """examples:
   %(prog)s --weights random                      # http://127.0.0.1:8000/ : the webcam page
-  %(prog)s --host 0.0.0.0 --port 8080 --max-streams 32
+  %(prog)s --host 0.0.0.0 --port 8080 --max-streams 64 --max-batch 16   # more streams, each more often dropped
   %(prog)s --no-compile                          # no compiling at start; emonet-video's numbers for a face
   curl -F image=@photo.jpg http://127.0.0.1:8000/v1/analyze
   curl http://127.0.0.1:8000/health ; curl http://127.0.0.1:8000/metrics
@@ -36,10 +36,6 @@ exit codes: 2 bad input or options (a port in use, a checkpoint the loop cannot 
 
 
 MAX_LOOPS = 16  # GPU loops a service runs at most
-# --max-streams left out: what the device was measured to answer at 30 frames/s a stream. On an H100 (and an H200)
-# 64 streams had half their frames dropped and every answer 150 ms late or more, 32 a few percent; on a 2-core CPU
-# one stream is read at a few frames/s and four waited seconds for each answer (docs/PERFORMANCE.md, The service).
-GPU_STREAMS, CPU_STREAMS = 32, 2
 
 
 def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> argparse.Namespace:
@@ -55,9 +51,9 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     net.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     limits = parser.add_argument_group("limits and batching")
     limits.add_argument("--max-streams", type=int, default=None, metavar="N",
-                        help="WebSocket streams open at once; the next is refused with a message (default: what the "
-                             f"device was measured to answer: {GPU_STREAMS} on a GPU, {CPU_STREAMS} on a CPU; "
-                             "docs/PERFORMANCE.md)")
+                        help="WebSocket streams open at once; the next is refused with a message (default: 16 a GPU "
+                             "loop, so 32 with two: a few percent of their frames dropped, where 64 had half dropped; "
+                             "2 on a CPU, where even one stream is read at a few frames/s)")
     limits.add_argument("--max-image-mb", type=float, default=20.0, metavar="MB",
                         help="largest encoded image or frame taken (default: 20)")
     limits.add_argument("--loops", type=int, default=None, metavar="N",
@@ -106,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from ..serve.app import ServeConfig, create_app, live_config
+        from ..serve.app import ServeConfig, create_app, default_max_streams, live_config
         from ..serve.pool import LoopPool
     except ImportError as exc:
         raise InputError(f"emonet-serve needs its extra: pip install \"emonet[serve]\" ({exc.name} is missing)") from None
@@ -118,15 +114,15 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); choose another --port "
                              f"or --host") from None
     options = model_options(args)
-    max_streams = args.max_streams if args.max_streams is not None else default_max_streams(options)
+    loops = args.loops if args.loops is not None else default_loops(options)
+    max_streams = args.max_streams if args.max_streams is not None else default_max_streams(options, loops)
     config = ServeConfig(max_streams=max_streams, max_image_bytes=int(args.max_image_mb * (1 << 20)),
                          max_batch=args.max_batch, detect_every=args.detect_every, smooth=args.smooth,
                          max_age=args.max_age_ms / 1000 if args.max_age_ms > 0 else None)
     # Stopped while the loops load (SIGTERM as Ctrl-C): they are ended and it says so, none left behind.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     # The model loads (and warms) in the loops' own processes; a checkpoint they cannot load is one line here.
-    loop = LoopPool(options, live_config(config), gpu_decode=config.gpu_decode,
-                    loops=args.loops if args.loops is not None else default_loops(options))
+    loop = LoopPool(options, live_config(config), gpu_decode=config.gpu_decode, loops=loops)
     app = create_app(loop, config)
     from ..runtime import freeze_loaded
 
@@ -151,16 +147,6 @@ def run(args: argparse.Namespace) -> int:
     at_once = getattr(app.state, "stopped_at_once", False)
     print("emonet-serve: stopped at once (a second Ctrl-C)" if at_once else "emonet-serve: stopped", file=sys.stderr)
     return 130 if stopped_by else 0
-
-
-def default_max_streams(options: ModelOptions) -> int:
-    """``--max-streams`` left out: GPU_STREAMS on a GPU, CPU_STREAMS on a CPU (see them)."""
-    from ..runtime import DeviceError, select_device
-    try:
-        device = select_device(options.device, quiet=True)
-    except DeviceError:  # the loop says why, in its one line
-        return CPU_STREAMS
-    return GPU_STREAMS if device.type == "cuda" else CPU_STREAMS
 
 
 def default_loops(options: ModelOptions) -> int:

@@ -147,6 +147,10 @@ def run_load(url: str, frames: list[bytes], streams: int, fps: float = 30.0, sec
     return result
 
 
+class LoadError(ValueError):
+    """A load the server cannot take as asked (more streams than its --max-streams)."""
+
+
 def camera_frames(clip: "str | Path", width: int = 640, height: int = 480, count: int = 300) -> list[bytes]:
     """The clip's first ``count`` frames as a ``width`` x ``height`` camera sends them: JPEG, each frame's centre
     cut to the camera's aspect, then scaled (a 16:9 clip's faces are not stretched into a 4:3 frame)."""
@@ -164,7 +168,8 @@ def camera_frames(clip: "str | Path", width: int = 640, height: int = 480, count
             elif w * height < h * width:  # taller: its top and bottom cut
                 cut = round(w * height / width)
                 image = image[(h - cut) // 2:(h - cut) // 2 + cut]
-            image = cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
+            shrink = image.shape[1] > width
+            image = cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
             frames.append(cv2.imencode(".jpg", image)[1].tobytes())
     return frames
 
@@ -176,6 +181,10 @@ def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float
     latency, GPU step sizes. ``clip``: a video whose frames (as 640x480 JPEG, :func:`camera_frames`) are sent
     (default: a made-up clip of a real face)."""
     health = json.loads(urllib.request.urlopen(f"{url}/health", timeout=10).read())
+    most = health.get("max_streams")
+    if most is not None and max(counts) > most:
+        raise LoadError(f"the server takes at most {most} streams and {max(counts)} were asked for: start it with "
+                        f"--max-streams {max(counts)}, or ask for fewer (--serve-streams)")
     with tempfile.TemporaryDirectory(prefix="emonet-load-") as tmp:
         path = clip or make_clip(Path(tmp) / "clip.mp4", width=640, height=480, frames=30)
         frames = camera_frames(path)

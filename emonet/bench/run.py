@@ -18,7 +18,7 @@ from ..cli import ToolParser
 from .common import environment, show_report, save, startup_floor
 from .engines import CPU_DEFAULT, GPU_DEFAULT, MODES, Mode, mode_report, process_start, run_child, run_modes
 from .kernels import profile
-from .load import serve_load_table
+from .load import LoadError, serve_load_table
 from .photo import RELEASED_PHOTO, photo_benchmark
 from .sweep import job_sweep, repeat_clip, sweep_table
 from .video import decode_loop, decode_only, make_clip, released_way, video_benchmark
@@ -85,6 +85,9 @@ def _serve_load(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         text = serve_load_table(args.serve_load.rstrip("/"), counts, args.serve_seconds, clip=args.serve_clip)
     except OSError as exc:
         print(f"error: {args.serve_load}: no emonet-serve answers there ({exc})", file=sys.stderr)
+        return 2
+    except LoadError as exc:
+        print(f"error: {args.serve_load}: {exc}", file=sys.stderr)
         return 2
     show_report(text, args.markdown)
     return 0
@@ -249,8 +252,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "streams of 640x480 JPEG frames: lost and reordered frames, server latency p50/p99, GPU "
                              "batch sizes")
     parser.add_argument("--serve-clip", default=None, metavar="VIDEO",
-                        help="--serve-load sends this video's frames as a 640x480 camera would (JPEG, the centre cut to 4:3, "
-                             "then scaled; default: a made-up clip)")
+                        help="--serve-load sends this video's frames as a 640x480 camera would (JPEG, the centre "
+                             "cut to 4:3, then scaled; default: a made-up clip)")
     parser.add_argument("--serve-streams", default="1,8,16,32", metavar="N[,N...]",
                         help="stream counts of --serve-load (default 1,8,16,32)")
     parser.add_argument("--serve-seconds", default=10.0, type=float, metavar="S",

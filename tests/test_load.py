@@ -1,0 +1,51 @@
+"""The service's load generator (emonet.bench.load): frames as a camera sends them, and a server's limit said."""
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+
+@pytest.mark.parametrize("size, keep", [((1280, 720), (slice(None), slice(160, 1120))),
+                                        ((480, 800), (slice(220, 580), slice(None)))])
+def test_serve_load_sends_a_clip_as_a_4_3_camera_would_its_centre_unstretched(tmp_path, size, keep):
+    import cv2
+
+    from emonet.bench.load import camera_frames
+    from emonet.io.writer import VideoWriter
+
+    width, height = size
+    frame = np.zeros((height, width, 3), np.uint8)
+    frame[..., 0] = 200  # red where the camera's 4:3 frame does not reach
+    frame[keep] = (30, 180, 60)
+    path = tmp_path / "wide.mp4"
+    writer = VideoWriter(path, 30.0, (width, height))
+    for _ in range(3):
+        writer.write(frame)
+    writer.close()
+    frames = camera_frames(path, count=2)
+    assert len(frames) == 2
+    image = cv2.cvtColor(cv2.imdecode(np.frombuffer(frames[0], np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    assert image.shape == (480, 640, 3)
+    # Every pixel from the centre's colour (a stretched frame would bring the red sides in).
+    inner = image[4:-4, 4:-4].astype(int)
+    assert np.abs(inner - (30, 180, 60)).max() < 40
+
+
+@pytest.mark.slow  # a server in a process of its own
+def test_more_streams_than_the_server_takes_is_one_line_before_any_is_opened():
+    pytest.importorskip("fastapi")
+    from .test_serve import ROOT, start_server
+
+    proc, url = start_server()  # a CPU's default: 2 streams
+    try:
+        out = subprocess.run([sys.executable, "-m", "emonet.bench", "--serve-load", url, "--serve-streams", "1,4",
+                              "--serve-seconds", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"error: {url}: the server takes at most 2 streams and 4 were asked for: start it with --max-streams 4, or "
+        f"ask for fewer (--serve-streams)")

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--device", "cuda:7"], "device cuda:7"),  # no GPU, or no eighth one
     (["--device", "banana"], "unknown device 'banana'"),
     (["--sweep", "10,15"], "a multiple of the shortest"),
+    (["--serve-load", "127.0.0.1:8000"], "--serve-load takes the service's URL, as http://127.0.0.1:8000"),
+    (["--serve-load", "http://127.0.0.1:8000", "--serve-clip", "missing.mp4"], "missing.mp4: no such video file"),
 ])
 def test_bad_arguments_fail_fast_with_one_line(args, message):
     out = subprocess.run([sys.executable, "-m", "emonet.bench", "--device", "cpu", "--quick", *args],

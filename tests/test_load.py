@@ -34,18 +34,30 @@ def test_serve_load_sends_a_clip_as_a_4_3_camera_would_its_centre_unstretched(tm
 
 
 @pytest.mark.slow  # a server in a process of its own
-def test_more_streams_than_the_server_takes_is_one_line_before_any_is_opened():
+def test_counts_over_the_servers_limit_are_said_and_not_run_and_a_clip_it_cannot_read_is_one_line(tmp_path):
     pytest.importorskip("fastapi")
     from .test_serve import ROOT, start_server
 
+    text = tmp_path / "notes.mp4"
+    text.write_text("not a video")
+    bench = [sys.executable, "-m", "emonet.bench", "--serve-seconds", "1", "--serve-load"]
     proc, url = start_server()  # a CPU's default: 2 streams
     try:
-        out = subprocess.run([sys.executable, "-m", "emonet.bench", "--serve-load", url, "--serve-streams", "1,4",
-                              "--serve-seconds", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        some = subprocess.run([*bench, url, "--serve-streams", "1,4"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+        none = subprocess.run([*bench, url, "--serve-streams", "4,8"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+        bad = subprocess.run([*bench, url, "--serve-clip", str(text)], cwd=ROOT, capture_output=True, text=True,
+                             timeout=300)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
-    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
-    assert out.stderr.strip().splitlines()[-1] == (
-        f"error: {url}: the server takes at most 2 streams and 4 were asked for: start it with --max-streams 4, or "
-        f"ask for fewer (--serve-streams)")
+    assert some.returncode == 0, some.stderr[-2000:]
+    rows = [line for line in some.stdout.splitlines() if line.startswith("| ")]
+    assert rows[-2].startswith("| 1 | 30 | 30 |")  # one stream, one second at 30 frames/s
+    assert rows[-1] == "| 4 | not run: the server takes at most 2 streams (its --max-streams) |"
+    for out, line in ((none, f"error: {url}: the server takes at most 2 streams and 4 or more were asked for: start "
+                                   f"it with --max-streams 8, or ask for fewer (--serve-streams)"),
+                      (bad, f"error: {url}: {text}: not a video this can read")):
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert out.stderr.strip().splitlines()[-1].startswith(line)

@@ -23,6 +23,7 @@ from .conftest import free_port
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
+from websockets.exceptions import ConnectionClosed  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a server in a process of its own
@@ -418,6 +419,9 @@ def test_max_streams_left_out_is_what_a_cpu_was_measured_to_answer():
                 stack.enter_context(connect(ws_url(url), max_size=None))
             with connect(ws_url(url)) as extra:
                 assert "at its limit of 2 streams" in json.loads(extra.recv(timeout=30))["error"]
+                with pytest.raises(ConnectionClosed) as closed:  # and the close says why too
+                    extra.recv(timeout=30)
+                assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1013, "at the limit of 2 streams")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)

@@ -81,6 +81,10 @@ def _serve_load(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         parser.error(f"--serve-streams takes whole counts, as 1,8,32 (got {args.serve_streams!r})")
     if not counts or min(counts) < 1 or args.serve_seconds <= 0:
         parser.error("--serve-streams counts are at least 1, and --serve-seconds positive")
+    if not args.serve_load.startswith(("http://", "https://")):
+        parser.error(f"--serve-load takes the service's URL, as http://127.0.0.1:8000 (got {args.serve_load!r})")
+    if args.serve_clip is not None and not Path(args.serve_clip).is_file():
+        parser.error(f"--serve-clip {args.serve_clip}: no such video file")
     try:
         text = serve_load_table(args.serve_load.rstrip("/"), counts, args.serve_seconds, clip=args.serve_clip)
     except OSError as exc:

@@ -102,7 +102,8 @@ def check_image(data: bytes, config: ServeConfig, pixels: Optional[int] = None) 
     most taken (default: ``config.max_pixels``)."""
     pixels = pixels or config.max_pixels
     if len(data) > config.max_image_bytes:
-        raise BadImage(f"the image is {len(data)} bytes; at most {config.max_image_bytes} are taken", 413)
+        raise BadImage(f"the image is {len(data)} bytes; at most {config.max_image_bytes} are taken (the server's "
+                       f"--max-image-mb)", 413)
     if not (data.startswith(b"\xff\xd8\xff") or data.startswith(b"\x89PNG\r\n\x1a\n")):
         raise BadImage("not a JPEG or PNG image")
     try:
@@ -211,7 +212,7 @@ def create_app(loop: LoopPool, config: ServeConfig = ServeConfig()) -> FastAPI:
         if length is not None and length.isdigit() and int(length) > config.max_image_bytes + (64 << 10):
             metrics.requests.labels("413").inc()
             return JSONResponse({"detail": f"the request is {length} bytes; at most {config.max_image_bytes} "
-                                           f"are taken for an image"}, status_code=413)
+                                           f"are taken for an image (the server's --max-image-mb)"}, status_code=413)
         if analyze and length is None:
             metrics.requests.labels("411").inc()
             return JSONResponse({"detail": "send the image with its Content-Length"}, status_code=411)
@@ -276,7 +277,7 @@ def create_app(loop: LoopPool, config: ServeConfig = ServeConfig()) -> FastAPI:
             metrics.streams_refused.inc()
             await socket.send_json({"error": f"the server is at its limit of {config.max_streams} streams; "
                                              f"try again later"})
-            await socket.close(code=1013)
+            await socket.close(code=1013, reason=f"at the limit of {config.max_streams} streams")
             return
         state["streams"] += 1
         metrics.streams.inc()

@@ -110,6 +110,31 @@ def test_things_that_are_not_faces_cut_by_the_frames_edge_are_not_reported():
         assert [len(f) for f in found] == [0] * 4, name
 
 
+@pytest.mark.parametrize("name", ["dog.4244.jpg", "dog.4617.jpg"])
+def test_a_dogs_face_the_frames_top_or_bottom_barely_cuts_is_looked_at_close_up_and_turned_down(detector, name):
+    # Its box reaches the frame's top or bottom with a whole face's proportions: not scored as a cut face (YuNet's
+    # own score, 0.83-0.84 here), but as any other, by the close look too.
+    from emonet.detection.yunet import END_WHOLE
+
+    dog = read_image(DATA / "animals" / name)
+    looking = detector.advance(detector.launch([dog]))
+    (candidate,) = looking.candidates[0]
+    assert candidate[4] >= DEFAULT_MIN_SCORE and candidate[5] == END_WHOLE
+    assert len(detector.detect([dog])[0]) == 0
+
+
+@pytest.mark.parametrize("path", sorted((DATA / "portraits").glob("*.jpg")), ids=lambda p: p.name)
+@pytest.mark.parametrize("end", ["top", "bottom"])
+def test_a_whole_face_whose_forehead_or_chin_the_frame_cuts_is_found(detector, path, end):
+    # Such a box has a whole face's proportions too: the close look passes it (MMOD would not: a cut chin).
+    image = read_image(path)
+    x1, y1, x2, y2 = detector.detect([image])[0][0, :4]
+    at = int(y1 + 0.08 * (y2 - y1)) if end == "top" else int(y2 - 0.08 * (y2 - y1))
+    cut = image[at:] if end == "top" else image[:at]
+    faces = detector.detect([np.ascontiguousarray(cut)])[0]
+    assert len(faces) == 1 and faces[0, 4] >= DEFAULT_MIN_SCORE, faces
+
+
 def test_images_alone_together_or_as_tensors_give_the_same_faces(detector):
     photo = read_image(SAMPLE_PHOTO)
     images = [photo, np.full((300, 500, 3), 127, np.uint8), photo[::2, ::2].copy(), photo]

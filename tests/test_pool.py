@@ -116,6 +116,7 @@ def test_a_loop_that_dies_is_said_by_health_and_the_others_stop_with_the_server(
         health = httpx.get(f"{url}/health")
         assert health.status_code == 503 and "killed by SIGKILL" in health.json()["why"]
         assert health.json()["status"] == "degraded" and health.json()["loops_running"] == 1
+        assert health.json()["device"].startswith("cpu") and health.json()["engine"]  # what it runs, still said
         assert "emonet_loops_running 1.0" in httpx.get(f"{url}/metrics").text
         # The loop that lives goes on answering: a new stream opens there, not in the one that died.
         reply = stream_replies(url, [PHOTO.read_bytes()])[0]

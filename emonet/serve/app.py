@@ -228,7 +228,7 @@ def create_app(loop: LoopPool, config: ServeConfig = ServeConfig()) -> FastAPI:
     async def health() -> JSONResponse:
         if not loop.alive:  # a load balancer sends no more work here (the loops still running answer meanwhile)
             running = loop.running
-            return JSONResponse({"status": "degraded" if running else "stopped",
+            return JSONResponse({**about, "status": "degraded" if running else "stopped",
                                  "why": loop.failure or "the live loop has stopped", "loops": len(loop.loops),
                                  "loops_running": running, "sessions_per_loop": loop.sessions}, 503)
         return JSONResponse({"status": "ready", **about, "streams": state["streams"],

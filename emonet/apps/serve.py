@@ -13,6 +13,8 @@ from ..errors import InputError
 from .common import add_model_arguments, model_options, run_tool
 
 if TYPE_CHECKING:
+    import torch
+
     from ..build import ModelOptions
 
 EXAMPLES = """examples:
@@ -114,8 +116,10 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); choose another --port "
                              f"or --host") from None
     options = model_options(args)
-    loops = args.loops if args.loops is not None else default_loops(options)
-    max_streams = args.max_streams if args.max_streams is not None else default_max_streams(options, loops)
+    device = _device(options)
+    loops = args.loops if args.loops is not None else default_loops(device)
+    gpu = device is not None and device.type == "cuda"
+    max_streams = args.max_streams if args.max_streams is not None else default_max_streams(gpu, loops)
     config = ServeConfig(max_streams=max_streams, max_image_bytes=int(args.max_image_mb * (1 << 20)),
                          max_batch=args.max_batch, detect_every=args.detect_every, smooth=args.smooth,
                          max_age=args.max_age_ms / 1000 if args.max_age_ms > 0 else None)
@@ -149,18 +153,23 @@ def run(args: argparse.Namespace) -> int:
     return 130 if stopped_by else 0
 
 
-def default_loops(options: ModelOptions) -> int:
+def _device(options: ModelOptions) -> Optional[torch.device]:
+    """The device the loops will run on, for the defaults; None where it cannot be had (the loops say why, in
+    their one line)."""
+    from ..runtime import DeviceError, select_device
+    try:
+        return select_device(options.device, quiet=True)
+    except DeviceError:
+        return None
+
+
+def default_loops(device: Optional[torch.device]) -> int:
     """``--loops`` left out: 2 on a GPU of 16 GB or more (each loop holds a few GB: its model and CUDA graphs),
     else 1 (on a CPU a step is the networks' arithmetic, not the host's bookkeeping, and a second loop would only
     share the same cores)."""
     import torch
 
-    from ..runtime import DeviceError, select_device
-    try:
-        device = select_device(options.device, quiet=True)
-    except DeviceError:  # the loop says why, in its one line
-        return 1
-    if device.type != "cuda":
+    if device is None or device.type != "cuda":
         return 1
     return 2 if torch.cuda.get_device_properties(device).total_memory >= 16 << 30 else 1
 

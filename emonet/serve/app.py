@@ -37,7 +37,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from PIL import Image
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ..build import ModelOptions
 from ..video.live import FrameError, LiveConfig
 from .loop_process import Answer, to_json
 from .pool import LoopPool
@@ -72,14 +71,9 @@ class ServeConfig:
     idle_seconds: float = 60.0            # a stream that sends nothing this long is closed
 
 
-def default_max_streams(options: ModelOptions, loops: int) -> int:
+def default_max_streams(gpu: bool, loops: int) -> int:
     """``--max-streams`` left out: STREAMS_PER_GPU_LOOP for each of ``loops`` on a GPU, CPU_STREAMS on a CPU."""
-    from ..runtime import DeviceError, select_device
-    try:
-        device = select_device(options.device, quiet=True)
-    except DeviceError:  # the loop says why, in its one line
-        return CPU_STREAMS
-    return STREAMS_PER_GPU_LOOP * loops if device.type == "cuda" else CPU_STREAMS
+    return STREAMS_PER_GPU_LOOP * loops if gpu else CPU_STREAMS
 
 
 def live_config(config: ServeConfig) -> LiveConfig:

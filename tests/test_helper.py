@@ -33,3 +33,20 @@ def test_a_helper_that_dies_is_said_with_its_reason():
     assert died("plotting", proc) == "the plotting process ended unexpectedly (killed by SIGKILL (out of memory?))"
     proc = start_helper("emonet.io.helper:no_such_function", quiet=True)  # fails at start: exit code 1
     assert died("test", proc) == "the test process ended unexpectedly (exit code 1)"
+
+
+def test_a_helpers_pipes_hold_a_dozen_camera_frames_where_the_system_allows():
+    # A reading thread takes in at most a pipe's worth a read and may wait a switch interval for the interpreter
+    # between reads (see PIPE_BYTES): through 64 KiB, fewer frames a second than a few streams send.
+    import fcntl
+
+    from emonet.io.helper import PIPE_BYTES
+
+    allowed = int(open("/proc/sys/fs/pipe-max-size").read())
+    proc = start_helper("emonet.summary:serve_plots")
+    try:
+        for pipe in (proc.stdin, proc.stdout):
+            assert fcntl.fcntl(pipe.fileno(), fcntl.F_GETPIPE_SZ) >= min(PIPE_BYTES, allowed) >= 12 * 69_000
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0

@@ -22,6 +22,12 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the package, wherever it is
+# A helper's pipes hold this much where the system lets them (Linux: up to /proc/sys/fs/pipe-max-size, 1 MiB by
+# default). A reading thread takes in at most a pipe's worth a read, and between reads it must get the interpreter
+# back from the threads beside it, which may hold it for a switch interval (5 ms): through Linux's default 64 KiB
+# a second, a reader beside a busy thread took in some 180 messages of 69 KB (a camera frame), fewer than 16 streams
+# send; through 1 MiB, all 480 sent.
+PIPE_BYTES = 1 << 20
 STOPS = {signal.SIGINT, signal.SIGTERM}  # Ctrl-C, and a job stopped as a whole: the parent's to handle
 
 
@@ -34,8 +40,29 @@ def start_helper(target: str, *args: str, env: Optional[dict] = None, quiet: boo
     code = (f"import sys; sys.path.insert(0, {PACKAGE_ROOT!r}); from emonet.io.helper import _run; "
             f"_run({module!r}, {function!r}, sys.argv[1:])")
     with stops_held():
-        return subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL if quiet else None, env={**os.environ, **(env or {})})
+    for pipe in (proc.stdin, proc.stdout):
+        widen_pipe(pipe.fileno())
+    return proc
+
+
+def widen_pipe(fd: int, size: int = PIPE_BYTES) -> int:
+    """Let the pipe of ``fd`` hold up to ``size`` bytes, or the most the system allows below it (see PIPE_BYTES):
+    what it holds now (its default where it cannot be set, as on systems without F_SETPIPE_SZ)."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        return 0
+    setter, getter = getattr(fcntl, "F_SETPIPE_SZ", None), getattr(fcntl, "F_GETPIPE_SZ", None)
+    if setter is None or getter is None:
+        return 0
+    while size >= 1 << 16:
+        try:
+            return fcntl.fcntl(fd, setter, size)
+        except OSError:  # over pipe-max-size, or this user's pipes already hold their share
+            size >>= 1
+    return fcntl.fcntl(fd, getter)
 
 
 @contextlib.contextmanager

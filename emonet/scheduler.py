@@ -133,10 +133,11 @@ class Scheduler:
         with self._on_det_stream():
             return self.detector.collect(handle, min_score=min_score)
 
-    def detect(self, items: Sequence[tuple[Session, list]]) -> QueuedStep:
+    def detect(self, items: Sequence[tuple[Session, list]], advance: bool = True) -> QueuedStep:
         """Each session decides which frames of its chunk the detector sees; all of them are queued in one call
-        and taken one step on (:meth:`~emonet.detection.FaceDetector.advance`: the close look at the candidates
-        queued), which waits for the detector's first network but not for the previous step's engine work."""
+        and, with ``advance``, taken one step on (:meth:`~emonet.detection.FaceDetector.advance`: the close look at
+        the candidates queued), which waits for the detector's first network but not for the previous step's
+        engine work; without, :meth:`launch` takes it on (the caller's host work goes first meanwhile)."""
         planned = [session.plan_detection(chunk) for session, chunk in items]
         # A standby look rides along wherever the detector runs in this step anyway, whichever session's frames
         # make it run (a stream's chunk of one frame seldom has a detection frame of its own).
@@ -153,8 +154,10 @@ class Scheduler:
         for entry in entries:
             entry.step = step
         if frames:
-            with self._on_det_stream():
-                step.handle = self.detector.advance(self._launch_detector(frames, small))
+            step.handle = self._launch_detector(frames, small)
+            if advance:
+                with self._on_det_stream():
+                    step.handle = self.detector.advance(step.handle)
         return step
 
     def launch(self, step: QueuedStep) -> PendingStep:

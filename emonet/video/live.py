@@ -356,14 +356,17 @@ class LiveLoop:
             try:
                 items = self._frames(taken)
                 self._prepare(items)
-                queued = scheduler.detect([(s.tracking, frames) for s, _, frames in items]) if items else None
+                # Only queued here: the step before is answered first (below), while the GPU runs the detector's
+                # first network, whose candidates launch() then waits for.
+                queued = (scheduler.detect([(s.tracking, frames) for s, _, frames in items],
+                                           advance=previous is None) if items else None)
             except Exception as exc:  # noqa: BLE001 - this step's frames fail; the loop goes on
                 self._fail([w for _, chunk in taken for w in chunk], exc)
                 items, queued = [], None
             if previous is not None:
                 # The step before answered before this one is launched: its frames' answers need not wait for
-                # this launch's host work (collecting the detections, planning, cropping), and the GPU, given
-                # this step's detection queued above, works meanwhile.
+                # this step's host work (the candidates read, the close look queued and collected, the faces
+                # planned and cropped), and the GPU, given this step's detection queued above, works meanwhile.
                 self._answer(*previous)
             previous = None
             if queued is not None:

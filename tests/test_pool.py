@@ -126,7 +126,7 @@ def test_a_loop_that_dies_is_said_by_health_and_the_others_stop_with_the_server(
         proc.wait(timeout=60)
     err = proc.stderr.read()
     assert proc.returncode == 130 and "Traceback" not in err  # stopped by SIGTERM, as every tool interrupted
-    assert "warning: the GPU loop process ended unexpectedly (killed by SIGKILL" in err  # said when it happened
+    assert "warning: the analysis loop process ended unexpectedly (killed by SIGKILL" in err  # said when it happened
     assert not still_running(loops[:1])  # the loop that lived ends with the server
 
 

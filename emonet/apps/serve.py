@@ -59,12 +59,12 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     limits.add_argument("--max-image-mb", type=float, default=20.0, metavar="MB",
                         help="largest encoded image or frame taken (default: 20)")
     limits.add_argument("--loops", type=int, default=None, metavar="N",
-                        help="GPU loops (processes) sharing the streams and requests, each session in one: at a few "
-                             "dozen streams one loop's interpreter, not the GPU, sets the pace; each holds its own "
-                             "copy of the model on the GPU (default: 2 on a GPU of 16 GB or more, else 1; "
-                             "docs/PERFORMANCE.md has the figures)")
+                        help="analysis loops (processes) sharing the streams and requests, each session in one: on a "
+                             "GPU, at a few dozen streams one loop's interpreter, not the GPU, sets the pace; each "
+                             "holds its own copy of the model (default: 2 on a GPU of 16 GB or more, else 1; "
+                             "docs/PERFORMANCE.md has the figures, a CPU's too)")
     limits.add_argument("--max-batch", type=int, default=64, metavar="N",
-                        help="frames per GPU step, every stream's of a loop together (default: 64; at 64 "
+                        help="frames per step, every stream's of a loop together (default: 64; at 64 "
                              "streams, 16 halved the latency's tail: docs/PERFORMANCE.md)")
     limits.add_argument("--detect-every", type=int, default=5, metavar="N",
                         help="streams: run the detector every N frames and follow faces between, as emonet-video "
@@ -165,8 +165,8 @@ def _device(options: ModelOptions) -> Optional[torch.device]:
 
 def default_loops(device: Optional[torch.device]) -> int:
     """``--loops`` left out: 2 on a GPU of 16 GB or more (each loop holds a few GB: its model and CUDA graphs),
-    else 1 (on a CPU a step is the networks' arithmetic, not the host's bookkeeping, and a second loop would only
-    share the same cores)."""
+    else 1: on a CPU each stream is read at a few frames/s whatever the loops (two loops on two cores answered a
+    quarter more frames of two streams than one, both dropping nine in ten), and each loop holds a copy of the model."""
     import torch
 
     if device is None or device.type != "cuda":

@@ -132,11 +132,11 @@ class Metrics:
         self.streams_refused = Counter("emonet_streams_refused", "streams refused: at the limit", registry=r)
         self.frames = Counter("emonet_stream_frames", "stream frames answered by outcome (ok, dropped: pushed out "
                               "by newer frames before their turn, bad, failed)", ["status"], registry=r)
-        self.batch_images = Histogram("emonet_batch_images", "frames and images per GPU step", registry=r,
+        self.batch_images = Histogram("emonet_batch_images", "frames and images per step of an analysis loop", registry=r,
                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128))
-        self.batch_faces = Histogram("emonet_batch_faces", "faces (crops) per GPU step", registry=r,
+        self.batch_faces = Histogram("emonet_batch_faces", "faces (crops) per step of an analysis loop", registry=r,
                                      buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128))
-        self.batch_seconds = Histogram("emonet_batch_seconds", "seconds per GPU step, from its start to its answers",
+        self.batch_seconds = Histogram("emonet_batch_seconds", "seconds per step of an analysis loop, from its start to its answers",
                                        registry=r, buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
         self.latency = Histogram("emonet_latency_seconds", "seconds from reading a request or frame to sending its "
                                  "answer", ["endpoint"], registry=r,
@@ -148,9 +148,9 @@ class Metrics:
 
     def watch(self, loop: LoopPool) -> None:
         """The pool's loops as gauges read at each scrape: how many still run, and the sessions open in each."""
-        Gauge("emonet_loops_running", "GPU loops still running (of --loops)", registry=self.registry).set_function(
+        Gauge("emonet_loops_running", "analysis loops still running (of --loops)", registry=self.registry).set_function(
             lambda: loop.running)
-        sessions = Gauge("emonet_loop_sessions", "sessions (streams and requests) open in each GPU loop", ["loop"],
+        sessions = Gauge("emonet_loop_sessions", "sessions (streams and requests) open in each analysis loop", ["loop"],
                          registry=self.registry)
         for k in range(len(loop.loops)):
             sessions.labels(str(k)).set_function(lambda k=k: loop.sessions[k])

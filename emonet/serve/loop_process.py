@@ -86,7 +86,7 @@ class LoopProcess:
         spec = json.dumps({"options": asdict(options), "live": asdict(live), "gpu_decode": gpu_decode,
                            "quiet": quiet})
         self._helper = HelperClient(
-            "GPU loop", start_helper("emonet.serve.loop_process:main", spec),
+            "analysis loop", start_helper("emonet.serve.loop_process:main", spec),
             {"ready": self._ready, "refused": self._refuse, "answer": self._answer, "failed": self._failed,
              "cancelled": self._cancelled, "step": self._step},
             thread="emonet-loop", on_end=self._ended)
@@ -110,7 +110,7 @@ class LoopProcess:
             self._helper.close(kill=True)
             if why is not None:
                 raise InputError(why)
-            raise HelperError(self._helper.failure or "the GPU loop process did not start")
+            raise HelperError(self._helper.failure or "the analysis loop process did not start")
 
     # -- what the service calls (any thread) --------------------------------------------------------------
     @property

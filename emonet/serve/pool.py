@@ -49,7 +49,7 @@ class LoopPool:
                 engines = {str(loop.about.get("engine")) for loop in self.loops}
                 # One loop compiled its engine and another could not (each says why where it is not quiet).
                 hint = " or start it with --no-compile" if any("compile" in e for e in engines) else ""
-                raise InputError(f"the GPU loops started differently ({differ[0]}), so a face would get other "
+                raise InputError(f"the analysis loops started differently ({differ[0]}), so a face would get other "
                                  f"numbers in each: run one loop (--loops 1){hint}")
         except BaseException:  # a loop that cannot start, or Ctrl-C: none is left running
             for loop in self.loops:

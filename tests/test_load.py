@@ -1,4 +1,5 @@
 """The service's load generator (emonet.bench.load): frames as a camera sends them, and a server's limit said."""
+import re
 import signal
 import subprocess
 import sys
@@ -43,8 +44,8 @@ def test_counts_over_the_servers_limit_are_said_and_not_run_and_a_clip_it_cannot
     bench = [sys.executable, "-m", "emonet.bench", "--serve-seconds", "1", "--serve-load"]
     proc, url = start_server()  # a CPU's default: 2 streams
     try:
-        some = subprocess.run([*bench, url, "--serve-streams", "1,4"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=300)
+        some = subprocess.run([*bench, url, "--serve-streams", "2,4", "--serve-warmup", "1"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
         none = subprocess.run([*bench, url, "--serve-streams", "4,8"], cwd=ROOT, capture_output=True, text=True,
                               timeout=300)
         bad = subprocess.run([*bench, url, "--serve-clip", str(text)], cwd=ROOT, capture_output=True, text=True,
@@ -54,7 +55,11 @@ def test_counts_over_the_servers_limit_are_said_and_not_run_and_a_clip_it_cannot
         proc.wait(timeout=60)
     assert some.returncode == 0, some.stderr[-2000:]
     rows = [line for line in some.stdout.splitlines() if line.startswith("| ")]
-    assert rows[-2].startswith("| 1 | 30 | 30 |")  # one stream, one second at 30 frames/s
+    assert rows[-2].startswith("| 2 | 30 | 60 |")  # two streams (the limit: the warm-up's closed), 1 s at 30 frames/s
+    # One stream first, not in the table: its first frame's round trip against its last second's.
+    assert re.search(r"Warm-up: one stream for 1 s before the counts, not in the table: its first frame answered in "
+                     r"[0-9.]+ ms, (its last [0-9]+ at p50 [0-9.]+ ms|no other) \([0-9]+ of 30 frames answered with faces\)\.",
+                     some.stdout), some.stdout
     assert rows[-1] == "| 4 | not run: the server takes at most 2 streams (its --max-streams) |"
     for out, line in ((none, f"error: {url}: the server takes at most 2 streams and 4 or more were asked for: start "
                                    f"it with --max-streams 8, or ask for fewer (--serve-streams)"),

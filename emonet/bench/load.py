@@ -178,12 +178,19 @@ def camera_frames(clip: "str | Path", width: int = 640, height: int = 480, count
     return frames
 
 
+# Before the counts, one stream of the same frames for this long, not in the table: a server prepares for a frame
+# size on its first frames of that size (its detector's CUDA graphs, captured meanwhile), and a count run first
+# would time that too (measured: docs/PERFORMANCE.md, The service).
+WARMUP_SECONDS = 3.0
+
+
 def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float = 30.0,
-                     clip: Optional[str] = None) -> str:
+                     clip: Optional[str] = None, warmup: float = WARMUP_SECONDS) -> str:
     """The service at ``url`` under each count of concurrent streams (:func:`run_load`), as a
     Markdown table: the client's round trip first, frames answered, dropped and never answered, the server's
     latency, GPU step sizes. ``clip``: a video whose frames (as 640x480 JPEG, :func:`camera_frames`) are sent
-    (default: a made-up clip of a real face)."""
+    (default: a made-up clip of a real face); ``warmup``: seconds of one stream first, its first frame's round trip
+    said against its last second's (0: none)."""
     health = json.loads(urllib.request.urlopen(f"{url}/health", timeout=10).read())
     most = health.get("max_streams") or max(counts)
     if min(counts) > most:
@@ -195,7 +202,10 @@ def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float
     lines = [f"Service: {url}, {health.get('engine')} on {health.get('device')}, JPEG decoded by "
              f"{health.get('jpeg_decoder', '?')}; 640x480 JPEG frames of {clip or 'a made-up clip of a real face'} "
              f"({sum(map(len, frames)) // len(frames) // 1024} KB), {fps:g} frames/s a stream paced by the clock, "
-             f"{seconds:g} s each. Round trip: from the client's send to its answer.", "", HEADER]
+             f"{seconds:g} s each. Round trip: from the client's send to its answer."]
+    if warmup > 0:
+        lines[0] += " " + _warm(url, frames, fps, warmup)
+    lines += ["", HEADER]
     for n in counts:
         if n > most:  # refused by the server: said in the table, the counts it takes still run
             lines.append(f"| {n} | not run: the server takes at most {most} streams (its --max-streams) |")
@@ -205,3 +215,20 @@ def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float
         if result.errors:
             lines.append(f"<!-- {n} streams: {len(result.errors)} errors, first: {result.errors[0]} -->")
     return "\n".join(lines)
+
+
+def _warm(url: str, frames: list[bytes], fps: float, seconds: float) -> str:
+    """One stream of ``frames`` for ``seconds`` before the counts (see WARMUP_SECONDS): what it saw, a sentence."""
+    warm = run_load(url, frames, 1, fps, seconds)
+    deadline = time.monotonic() + 10  # its stream closed there too before the counts open theirs (--max-streams)
+    while time.monotonic() < deadline:
+        if not json.loads(urllib.request.urlopen(f"{url}/health", timeout=10).read()).get("streams"):
+            break
+        time.sleep(0.05)
+    if not warm.round_trips:
+        return f"Warm-up: one stream for {seconds:g} s, no frame of it answered with faces (all dropped)."
+    last = warm.round_trips[1:][-max(1, int(fps)):]  # up to a second's worth of its last frames answered
+    steady = f"its last {len(last)} at p50 {np.percentile(last, 50):.1f} ms" if last else "no other"
+    return (f"Warm-up: one stream for {seconds:g} s before the counts, not in the table: its first frame answered "
+            f"in {warm.round_trips[0]:.1f} ms, {steady} ({warm.answered} of {warm.sent} frames answered with "
+            f"faces).")

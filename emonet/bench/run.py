@@ -18,7 +18,7 @@ from ..cli import ToolParser
 from .common import environment, show_report, save, startup_floor
 from .engines import CPU_DEFAULT, GPU_DEFAULT, MODES, Mode, mode_report, process_start, run_child, run_modes
 from .kernels import profile
-from .load import LoadError, serve_load_table
+from .load import WARMUP_SECONDS, LoadError, serve_load_table
 from .photo import RELEASED_PHOTO, photo_benchmark
 from .sweep import job_sweep, repeat_clip, sweep_table
 from .video import decode_loop, decode_only, make_clip, released_way, video_benchmark
@@ -79,14 +79,15 @@ def _serve_load(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         counts = [int(v) for v in args.serve_streams.split(",") if v]
     except ValueError:
         parser.error(f"--serve-streams takes whole counts, as 1,8,32 (got {args.serve_streams!r})")
-    if not counts or min(counts) < 1 or args.serve_seconds <= 0:
-        parser.error("--serve-streams counts are at least 1, and --serve-seconds positive")
+    if not counts or min(counts) < 1 or args.serve_seconds <= 0 or args.serve_warmup < 0:
+        parser.error("--serve-streams counts are at least 1, --serve-seconds positive, --serve-warmup 0 or more")
     if not args.serve_load.startswith(("http://", "https://")):
         parser.error(f"--serve-load takes the service's URL, as http://127.0.0.1:8000 (got {args.serve_load!r})")
     if args.serve_clip is not None and not Path(args.serve_clip).is_file():
         parser.error(f"--serve-clip {args.serve_clip}: no such video file")
     try:
-        text = serve_load_table(args.serve_load.rstrip("/"), counts, args.serve_seconds, clip=args.serve_clip)
+        text = serve_load_table(args.serve_load.rstrip("/"), counts, args.serve_seconds, clip=args.serve_clip,
+                                warmup=args.serve_warmup)
     except OSError as exc:
         print(f"error: {args.serve_load}: no emonet-serve answers there ({exc})", file=sys.stderr)
         return 2
@@ -262,6 +263,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="stream counts of --serve-load (default 1,8,16,32)")
     parser.add_argument("--serve-seconds", default=10.0, type=float, metavar="S",
                         help="how long each count of --serve-load runs, 30 frames/s a stream (default 10)")
+    parser.add_argument("--serve-warmup", default=WARMUP_SECONDS, type=float, metavar="S",
+                        help="--serve-load first sends one stream for S seconds, not in the table (a server prepares "
+                             "for a frame size on its first frames): its first frame's round trip is said against "
+                             f"its last second's (default {WARMUP_SECONDS:g}; 0: none)")
     parser.add_argument("--warp", action="store_true",
                         help="instead: time cutting face crops with OpenCV against grid_sample on the device")
     parser.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)

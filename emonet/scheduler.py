@@ -133,7 +133,7 @@ class Scheduler:
         with self._on_det_stream():
             return self.detector.collect(handle, min_score=min_score)
 
-    def detect(self, items: Sequence[tuple[Session, list]], advance: bool = True) -> QueuedStep:
+    def detect(self, items: Sequence[tuple[Session, list]], *, advance: bool = True) -> QueuedStep:
         """Each session decides which frames of its chunk the detector sees; all of them are queued in one call
         and, with ``advance``, taken one step on (:meth:`~emonet.detection.FaceDetector.advance`: the close look at
         the candidates queued), which waits for the detector's first network but not for the previous step's

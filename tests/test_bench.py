@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--sweep", "10,15"], "a multiple of the shortest"),
     (["--serve-load", "127.0.0.1:8000"], "--serve-load takes the service's URL, as http://127.0.0.1:8000"),
     (["--serve-load", "http://127.0.0.1:8000", "--serve-clip", "missing.mp4"], "missing.mp4: no such video file"),
+    (["--serve-load", "http://127.0.0.1:8000", "--serve-warmup", "0.01"],
+     "--serve-warmup is 0 (none) or at least a frame's time at 30 frames/s (1/30 s), not 0.01"),
 ])
 def test_bad_arguments_fail_fast_with_one_line(args, message):
     out = subprocess.run([sys.executable, "-m", "emonet.bench", "--device", "cpu", "--quick", *args],

@@ -84,3 +84,22 @@ def test_a_steps_frames_are_freed_when_it_is_done_with_not_left_to_the_garbage_c
         assert [f() for f in frames] == [None] * len(frames)
     finally:
         gc.enable()
+
+
+def test_a_detection_only_queued_in_detect_gives_the_same_faces_in_launch(reference_model):
+    # The live loop answers the step before between queueing a step's detection and reading its candidates
+    # (detect(advance=False)); launch() then takes the detector on: the same boxes and scores as advanced at once.
+    from emonet.detection.yunet import YuNetDetector
+
+    scene, _ = small_faces_scene(widths=(60, 200), places=((300, 300), (900, 300)))
+    for detector in (BlazeFaceDetector("cpu"), YuNetDetector("cpu")):
+        pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)), detector)
+        found = []
+        for advance in (True, False):
+            scheduler = Scheduler(pipeline)
+            session = VideoPipeline(pipeline, detect_every=5, smooth=False, standby=False, scheduler=scheduler)
+            queued = scheduler.detect([(session, [Frame(index=0, timestamp=0.0, host=scene)])], advance=advance)
+            (settled,) = scheduler.settle(scheduler.launch(queued))
+            faces = session.results(settled)[0]
+            found.append([(*np.round(f.box, 4), round(f.score, 6)) for f in faces])
+        assert len(found[0]) == 2 and found[0] == found[1], detector.name

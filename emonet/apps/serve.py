@@ -44,9 +44,9 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     """The service's command line."""
     parser = ToolParser(
         prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Serve EmoNet over HTTP and WebSocket: the model loads once per GPU loop and stays warm; every "
-                    "request and stream is a session of the video runtime's scheduler in one loop, which steps its "
-                    "sessions together on the GPU. Needs pip install \"emonet[serve]\".")
+        description="Serve EmoNet over HTTP and WebSocket: the model loads once per analysis loop and stays warm; "
+                    "every request and stream is a session of the video runtime's scheduler in one loop, which steps "
+                    "its sessions together on the service's device. Needs pip install \"emonet[serve]\".")
     net = parser.add_argument_group("network")
     net.add_argument("--host", default="127.0.0.1",
                      help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for every one)")
@@ -60,9 +60,9 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
                         help="largest encoded image or frame taken (default: 20)")
     limits.add_argument("--loops", type=int, default=None, metavar="N",
                         help="analysis loops (processes) sharing the streams and requests, each session in one: on a "
-                             "GPU, at a few dozen streams one loop's interpreter, not the GPU, sets the pace; each "
-                             "holds its own copy of the model (default: 2 on a GPU of 16 GB or more, else 1; "
-                             "docs/PERFORMANCE.md has the figures, a CPU's too)")
+                             "GPU, at a few dozen streams one loop's host work and waits, not the GPU's arithmetic, "
+                             "set the pace; each holds its own copy of the model (default: 2 on a GPU of 16 GB or "
+                             "more, else 1; docs/PERFORMANCE.md has the figures, a CPU's too)")
     limits.add_argument("--max-batch", type=int, default=64, metavar="N",
                         help="frames per step, every stream's of a loop together (default: 64; at 64 "
                              "streams, 16 halved the latency's tail: docs/PERFORMANCE.md)")

@@ -1,7 +1,7 @@
 """A load generator for ``emonet-serve``: N concurrent WebSocket streams of JPEG frames, each paced by the clock
 as a camera sends them (frame i leaves at i / fps, whatever the answers do). Each frame's answer is checked
 (in order; answered, said dropped, or never answered) and its round trip kept, from the client's send to its
-answer: the latency a user sees. The server's own figure and the GPU step sizes (from ``/metrics``) beside.
+answer: the latency a user sees. The server's own figure and the step sizes (from ``/metrics``) beside.
 :func:`serve_load_table` runs it at several stream counts (``python -m emonet.bench --serve-load URL``)."""
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ STREAMS_PER_PROCESS = 16
 @dataclass
 class LoadResult:
     """What N streams saw: frames sent, answered with faces, said dropped, never answered; order kept; round trips
-    and the server's latencies (ms) of the frames answered with faces; frames per GPU step."""
+    and the server's latencies (ms) of the frames answered with faces; frames per step."""
 
     streams: int
     fps: float
@@ -40,7 +40,8 @@ class LoadResult:
     errors: list[str] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)     # read-to-send, as the server reports it
     round_trips: list[float] = field(default_factory=list)   # send to answer, as the client sees it
-    mean_batch: Optional[float] = None                       # frames per GPU step during the run
+    firsts: list[float] = field(default_factory=list)        # each stream's first frame answered: its round trip
+    mean_batch: Optional[float] = None                       # frames per step during the run
 
     @property
     def lost(self) -> int:
@@ -72,12 +73,24 @@ def _batches(url: str) -> tuple[float, float]:
 
 async def _stream(url: str, frames: list[bytes], fps: float, seconds: float, result: LoadResult) -> None:
     from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
 
     sent_at: dict[int, float] = {}
-    expected = 0
+    expected, first = 0, True  # the next frame's number; whether none has been answered yet
     async with connect(url.replace("http", "ws", 1) + "/v1/stream", max_size=None) as ws:
         async def receive() -> None:
-            nonlocal expected
+            try:
+                await answers()
+            except ConnectionClosed as exc:  # said once, by the sender or here, whichever sees it first
+                closed(exc)
+
+        def closed(exc: Exception) -> None:
+            why = f"the server closed the stream: {exc}"
+            if why not in result.errors:
+                result.errors.append(why)
+
+        async def answers() -> None:
+            nonlocal expected, first
             async for message in ws:
                 reply = json.loads(message)
                 if "frame" not in reply:
@@ -93,6 +106,9 @@ async def _stream(url: str, frames: list[bytes], fps: float, seconds: float, res
                 result.answered += 1
                 result.latencies.append(reply["latency_ms"])
                 result.round_trips.append((time.perf_counter() - sent) * 1e3)
+                if first:
+                    first = False
+                    result.firsts.append(result.round_trips[-1])
                 if reply.get("error"):
                     result.errors.append(reply["error"])
 
@@ -101,7 +117,12 @@ async def _stream(url: str, frames: list[bytes], fps: float, seconds: float, res
         for i in range(n):  # paced as a camera is: frame i leaves at i / fps, whatever the answers do
             await asyncio.sleep(max(0.0, start + i / fps - time.perf_counter()))
             sent_at[i] = time.perf_counter()
-            await ws.send(frames[i % len(frames)])
+            try:
+                await ws.send(frames[i % len(frames)])
+            except ConnectionClosed as exc:  # refused (at its --max-streams, say) or gone: said, not a traceback
+                sent_at.pop(i)
+                closed(exc)
+                break
             result.sent += 1
         deadline = time.perf_counter() + 30
         while sent_at and time.perf_counter() < deadline and not listener.done():
@@ -141,6 +162,7 @@ def run_load(url: str, frames: list[bytes], streams: int, fps: float = 30.0, sec
             result.errors += part.errors
             result.latencies += part.latencies
             result.round_trips += part.round_trips
+            result.firsts += part.firsts
     after = _batches(url)
     if after[1] > before[1]:
         result.mean_batch = (after[0] - before[0]) / (after[1] - before[1])
@@ -178,9 +200,9 @@ def camera_frames(clip: "str | Path", width: int = 640, height: int = 480, count
     return frames
 
 
-# Before the counts, one stream of the same frames for this long, not in the table: a server prepares for a frame
-# size on its first frames of that size (its detector's CUDA graphs, captured meanwhile), and a count run first
-# would time that too (measured: docs/PERFORMANCE.md, The service).
+# Before the counts, a stream of the same frames to each of the server's loops for this long, not in the table: a
+# loop prepares for a frame size on its first frames of that size (its detector's CUDA graphs, captured meanwhile),
+# and a count run first would time that too (measured: docs/PERFORMANCE.md, The service).
 WARMUP_SECONDS = 3.0
 
 
@@ -188,7 +210,7 @@ def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float
                      clip: Optional[str] = None, warmup: float = WARMUP_SECONDS) -> str:
     """The service at ``url`` under each count of concurrent streams (:func:`run_load`), as a
     Markdown table: the client's round trip first, frames answered, dropped and never answered, the server's
-    latency, GPU step sizes. ``clip``: a video whose frames (as 640x480 JPEG, :func:`camera_frames`) are sent
+    latency, step sizes. ``clip``: a video whose frames (as 640x480 JPEG, :func:`camera_frames`) are sent
     (default: a made-up clip of a real face); ``warmup``: seconds of one stream first, its first frame's round trip
     said against its last second's (0: none)."""
     health = json.loads(urllib.request.urlopen(f"{url}/health", timeout=10).read())
@@ -218,17 +240,28 @@ def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float
 
 
 def _warm(url: str, frames: list[bytes], fps: float, seconds: float) -> str:
-    """One stream of ``frames`` for ``seconds`` before the counts (see WARMUP_SECONDS): what it saw, a sentence."""
-    warm = run_load(url, frames, 1, fps, seconds)
-    deadline = time.monotonic() + 10  # its stream closed there too before the counts open theirs (--max-streams)
-    while time.monotonic() < deadline:
-        if not json.loads(urllib.request.urlopen(f"{url}/health", timeout=10).read()).get("streams"):
-            break
-        time.sleep(0.05)
-    if not warm.round_trips:
-        return f"Warm-up: one stream for {seconds:g} s, no frame of it answered with faces (all dropped)."
-    last = warm.round_trips[1:][-max(1, int(fps)):]  # up to a second's worth of its last frames answered
-    steady = f"its last {len(last)} at p50 {np.percentile(last, 50):.1f} ms" if last else "no other"
-    return (f"Warm-up: one stream for {seconds:g} s before the counts, not in the table: its first frame answered "
-            f"in {warm.round_trips[0]:.1f} ms, {steady} ({warm.answered} of {warm.sent} frames answered with "
-            f"faces).")
+    """A stream to each of the server's loops (each prepares for a frame size on its own) for ``seconds`` before the
+    counts (see WARMUP_SECONDS), then until the server has closed them: what they saw, a sentence."""
+    def health() -> dict:
+        return json.loads(urllib.request.urlopen(f"{url}/health", timeout=10).read())
+
+    before = health()
+    most = before.get("max_streams") or 1
+    streams = max(1, min(int(before.get("loops") or 1), most - int(before.get("streams") or 0)))
+    warm = run_load(url, frames, streams, fps, seconds)
+    deadline, closed = time.monotonic() + 10, False  # before the counts open theirs (--max-streams)
+    while not closed and time.monotonic() < deadline:
+        closed = int(health().get("streams") or 0) <= int(before.get("streams") or 0)
+        if not closed:
+            time.sleep(0.05)
+    what = f"Warm-up: {streams} stream{'s' if streams > 1 else ''} for {seconds:g} s before the counts, not in the table"
+    late = "" if closed else "; the server still had them open 10 s later"
+    if warm.errors:
+        return f"{what}: {warm.errors[0]}{late}."
+    if not warm.firsts:
+        return (f"{what}: {warm.sent} frames sent, none answered ({warm.dropped} dropped, {warm.lost} never "
+                f"answered){late}.")
+    firsts = f"{max(warm.firsts):.1f} ms" if streams == 1 else f"at most {max(warm.firsts):.1f} ms"
+    later = warm.round_trips[-max(1, int(fps) * streams):]  # about its last second's answers
+    return (f"{what}: the first frame answered in {firsts}, the last {len(later)} at p50 "
+            f"{np.percentile(later, 50):.1f} ms ({warm.answered} of {warm.sent} frames answered){late}.")

@@ -79,8 +79,11 @@ def _serve_load(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         counts = [int(v) for v in args.serve_streams.split(",") if v]
     except ValueError:
         parser.error(f"--serve-streams takes whole counts, as 1,8,32 (got {args.serve_streams!r})")
-    if not counts or min(counts) < 1 or args.serve_seconds <= 0 or args.serve_warmup < 0:
-        parser.error("--serve-streams counts are at least 1, --serve-seconds positive, --serve-warmup 0 or more")
+    if not counts or min(counts) < 1 or args.serve_seconds <= 0:
+        parser.error("--serve-streams counts are at least 1, and --serve-seconds positive")
+    if args.serve_warmup != 0 and args.serve_warmup * 30 < 1:
+        parser.error(f"--serve-warmup is 0 (none) or at least a frame's time at 30 frames/s (1/30 s), not "
+                     f"{args.serve_warmup:g}")
     if not args.serve_load.startswith(("http://", "https://")):
         parser.error(f"--serve-load takes the service's URL, as http://127.0.0.1:8000 (got {args.serve_load!r})")
     if args.serve_clip is not None and not Path(args.serve_clip).is_file():
@@ -264,9 +267,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--serve-seconds", default=10.0, type=float, metavar="S",
                         help="how long each count of --serve-load runs, 30 frames/s a stream (default 10)")
     parser.add_argument("--serve-warmup", default=WARMUP_SECONDS, type=float, metavar="S",
-                        help="--serve-load first sends one stream for S seconds, not in the table (a server prepares "
-                             "for a frame size on its first frames): its first frame's round trip is said against "
-                             f"its last second's (default {WARMUP_SECONDS:g}; 0: none)")
+                        help="--serve-load first sends a stream to each of the server's loops for S seconds, not in "
+                             "the table (a loop prepares for a frame size on its first frames): their first frame's "
+                             f"round trip is said against their last second's (default {WARMUP_SECONDS:g}; 0: none)")
     parser.add_argument("--warp", action="store_true",
                         help="instead: time cutting face crops with OpenCV against grid_sample on the device")
     parser.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)

@@ -22,47 +22,57 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the package, wherever it is
-# A helper's pipes hold this much where the system lets them (Linux: up to /proc/sys/fs/pipe-max-size, 1 MiB by
-# default). A reading thread takes in at most a pipe's worth a read, and between reads it must get the interpreter
-# back from the threads beside it, which may hold it for a switch interval (5 ms): through Linux's default 64 KiB
-# a second, a reader beside a busy thread took in some 180 messages of 69 KB (a camera frame), fewer than 16 streams
-# send; through 1 MiB, all 480 sent.
+# What the pipes of a helper that takes large messages (a camera frame, some 67 KiB) hold where the system lets
+# them (Linux: up to /proc/sys/fs/pipe-max-size, 1 MiB by default). Its reading thread takes in at most a pipe's
+# worth a read, and between reads it must get the interpreter back from the threads beside it, which may hold it
+# for a switch interval (5 ms): through Linux's default of 64 KiB, a reader beside a busy thread took in fewer
+# frames a second than 16 streams send (measured: docs/PERFORMANCE.md, The service).
 PIPE_BYTES = 1 << 20
 STOPS = {signal.SIGINT, signal.SIGTERM}  # Ctrl-C, and a job stopped as a whole: the parent's to handle
 
 
-def start_helper(target: str, *args: str, env: Optional[dict] = None, quiet: bool = False) -> subprocess.Popen:
+def start_helper(target: str, *args: str, env: Optional[dict] = None, quiet: bool = False,
+                 pipe_bytes: Optional[int] = None) -> subprocess.Popen:
     """Start ``target`` (``"package.module:function"``) as ``function(*args)`` in a process of its own, which
     exits with the function's status; its standard input and output are pipes to this process (``quiet``: its
-    standard error is dropped). A module whose ``FAST_EXIT`` is true skips the interpreter's tear-down at the
-    end (its files are closed and its messages sent by then; the parent would wait for the tear-down)."""
+    standard error is dropped; ``pipe_bytes``: what each pipe holds where the system lets it, see
+    :func:`widen_pipe`; every pipe widened counts against the user's share). A module whose ``FAST_EXIT`` is true
+    skips the interpreter's tear-down at the end (its files are closed and its messages sent by then; the parent
+    would wait for the tear-down)."""
     module, function = target.split(":")
     code = (f"import sys; sys.path.insert(0, {PACKAGE_ROOT!r}); from emonet.io.helper import _run; "
             f"_run({module!r}, {function!r}, sys.argv[1:])")
     with stops_held():
         proc = subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL if quiet else None, env={**os.environ, **(env or {})})
-    for pipe in (proc.stdin, proc.stdout):
-        widen_pipe(pipe.fileno())
+    if pipe_bytes:
+        for pipe in (proc.stdin, proc.stdout):
+            widen_pipe(pipe.fileno(), pipe_bytes)
     return proc
 
 
-def widen_pipe(fd: int, size: int = PIPE_BYTES) -> int:
-    """Let the pipe of ``fd`` hold up to ``size`` bytes, or the most the system allows below it (see PIPE_BYTES):
-    what it holds now (its default where it cannot be set, as on systems without F_SETPIPE_SZ)."""
+def widen_pipe(fd: int, size: int = PIPE_BYTES) -> Optional[int]:
+    """Let the pipe of ``fd`` hold up to ``size`` bytes, or the most the system allows below it, halving down to
+    64 KiB (Linux's default, never less): what it holds now; None where a pipe's size cannot be set (not Linux).
+    Best effort: a pipe the system keeps as it is stays so."""
     try:
         import fcntl
     except ImportError:  # not a POSIX system
-        return 0
-    setter, getter = getattr(fcntl, "F_SETPIPE_SZ", None), getattr(fcntl, "F_GETPIPE_SZ", None)
+        return None
+    linux = sys.platform.startswith("linux")  # Python before 3.10 lacks the names, not the calls
+    setter = getattr(fcntl, "F_SETPIPE_SZ", 1031 if linux else None)
+    getter = getattr(fcntl, "F_GETPIPE_SZ", 1032 if linux else None)
     if setter is None or getter is None:
-        return 0
-    while size >= 1 << 16:
-        try:
-            return fcntl.fcntl(fd, setter, size)
-        except OSError:  # over pipe-max-size, or this user's pipes already hold their share
-            size >>= 1
-    return fcntl.fcntl(fd, getter)
+        return None
+    try:
+        while size >= 1 << 16:
+            try:
+                return fcntl.fcntl(fd, setter, size)
+            except PermissionError:  # over pipe-max-size, or this user's pipes already hold their share
+                size >>= 1
+        return fcntl.fcntl(fd, getter)
+    except OSError:  # the call itself refused (another kind of file): as it is
+        return None
 
 
 @contextlib.contextmanager

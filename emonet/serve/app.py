@@ -47,9 +47,9 @@ ANSWERS_HELD = 64
 
 
 # Streams a service takes at most when not told (--max-streams), what was measured at 30 frames/s a stream: each
-# GPU loop STREAMS_PER_GPU_LOOP (on an H100 one loop answered 16 streams at p50 18 ms and 32 with a few percent
-# dropped at p50 93 ms; two loops, 32 streams with a few percent dropped, and 64 with half dropped); a CPU
-# CPU_STREAMS (on two cores one stream is read at a few frames/s, and a second shares them).
+# GPU loop STREAMS_PER_GPU_LOOP (on H100s two loops answered 32 streams with up to a few percent dropped, 64 with a
+# quarter to a half dropped; one loop 32 streams from 0 to 9 % dropped, loan to loan); a CPU CPU_STREAMS (on two
+# cores one stream is read at a few frames/s, and a second shares them). Figures: docs/PERFORMANCE.md.
 STREAMS_PER_GPU_LOOP = 16
 CPU_STREAMS = 2
 
@@ -132,12 +132,13 @@ class Metrics:
         self.streams_refused = Counter("emonet_streams_refused", "streams refused: at the limit", registry=r)
         self.frames = Counter("emonet_stream_frames", "stream frames answered by outcome (ok, dropped: pushed out "
                               "by newer frames before their turn, bad, failed)", ["status"], registry=r)
-        self.batch_images = Histogram("emonet_batch_images", "frames and images per step of an analysis loop", registry=r,
-                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128))
-        self.batch_faces = Histogram("emonet_batch_faces", "faces (crops) per step of an analysis loop", registry=r,
-                                     buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128))
-        self.batch_seconds = Histogram("emonet_batch_seconds", "seconds per step of an analysis loop, from its start to its answers",
-                                       registry=r, buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+        self.batch_images = Histogram("emonet_batch_images", "frames and images per step of an analysis loop",
+                                      registry=r, buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+        self.batch_faces = Histogram("emonet_batch_faces", "faces (crops) per step of an analysis loop",
+                                     registry=r, buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128))
+        self.batch_seconds = Histogram("emonet_batch_seconds", "seconds per step of an analysis loop, from its "
+                                       "start to its answers", registry=r,
+                                       buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
         self.latency = Histogram("emonet_latency_seconds", "seconds from reading a request or frame to sending its "
                                  "answer", ["endpoint"], registry=r,
                                  buckets=(.0025, .005, .01, .02, .03, .05, .1, .25, .5, 1, 2.5, 5))

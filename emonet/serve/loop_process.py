@@ -29,7 +29,7 @@ import numpy as np
 
 from ..build import ModelOptions
 from ..errors import HelperError, InputError
-from ..io.helper import HelperClient, start_helper
+from ..io.helper import PIPE_BYTES, HelperClient, start_helper
 from ..log import LOGGER, say
 from ..results import face_record
 from ..video.live import DROPPED, FrameError, LiveConfig, LiveResult, StepHook
@@ -86,7 +86,7 @@ class LoopProcess:
         spec = json.dumps({"options": asdict(options), "live": asdict(live), "gpu_decode": gpu_decode,
                            "quiet": quiet})
         self._helper = HelperClient(
-            "analysis loop", start_helper("emonet.serve.loop_process:main", spec),
+            "analysis loop", start_helper("emonet.serve.loop_process:main", spec, pipe_bytes=PIPE_BYTES),
             {"ready": self._ready, "refused": self._refuse, "answer": self._answer, "failed": self._failed,
              "cancelled": self._cancelled, "step": self._step},
             thread="emonet-loop", on_end=self._ended)

@@ -356,8 +356,8 @@ class LiveLoop:
             try:
                 items = self._frames(taken)
                 self._prepare(items)
-                # Only queued here: the step before is answered first (below), while the GPU runs the detector's
-                # first network, whose candidates launch() then waits for.
+                # With a step in flight, only queued here: that step is answered first (below), while the GPU runs
+                # the detector's first network, whose candidates launch() then waits for.
                 queued = (scheduler.detect([(s.tracking, frames) for s, _, frames in items],
                                            advance=previous is None) if items else None)
             except Exception as exc:  # noqa: BLE001 - this step's frames fail; the loop goes on

@@ -3,12 +3,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from typing import NoReturn, Optional
 
 
 class ToolParser(argparse.ArgumentParser):
     """An :class:`argparse.ArgumentParser` whose errors are one line, ``PROG: error: ... (see PROG --help)``,
-    exit code 2."""
+    exit code 2; run as ``python -m emonet.apps.serve``, PROG is that command (not ``serve.py``)."""
+
+    def __init__(self, *args, prog: Optional[str] = None, **kwargs) -> None:
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if prog is None and spec is not None and spec.name.startswith("emonet."):
+            prog = f"python -m {spec.name.removesuffix('.__main__')}"
+        super().__init__(*args, prog=prog, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """Print the one line and exit with code 2."""

@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--serve-load", "http://127.0.0.1:8000", "--serve-clip", "missing.mp4"], "missing.mp4: no such video file"),
     (["--serve-load", "http://127.0.0.1:8000", "--serve-warmup", "0.01"],
      "--serve-warmup is 0 (none) or at least a frame's time at 30 frames/s (1/30 s), not 0.01"),
+    (["--serve-load", "http://127.0.0.1:8000", "--serve-warmup", "inf"], "--serve-warmup is 0 (none) or at least"),
+    (["--serve-load", "http://127.0.0.1:8000", "--serve-seconds", "nan"],
+     "--serve-seconds is at least a frame's time at 30 frames/s (1/30 s), not nan"),
 ])
 def test_bad_arguments_fail_fast_with_one_line(args, message):
     out = subprocess.run([sys.executable, "-m", "emonet.bench", "--device", "cpu", "--quick", *args],

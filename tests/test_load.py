@@ -41,8 +41,12 @@ def test_counts_over_the_servers_limit_are_said_and_not_run_and_a_clip_it_cannot
 
     from .test_serve import ROOT, start_server
 
+    import cv2
+
     text = tmp_path / "notes.mp4"
     text.write_text("not a video")
+    empty = tmp_path / "empty.avi"
+    cv2.VideoWriter(str(empty), cv2.VideoWriter_fourcc(*"MJPG"), 30, (64, 48)).release()  # a video of no frames
     bench = [sys.executable, "-m", "emonet.bench", "--serve-seconds", "1", "--serve-load"]
     proc, url = start_server()  # a CPU's default: 2 streams
     try:
@@ -52,6 +56,8 @@ def test_counts_over_the_servers_limit_are_said_and_not_run_and_a_clip_it_cannot
                               timeout=300)
         bad = subprocess.run([*bench, url, "--serve-clip", str(text)], cwd=ROOT, capture_output=True, text=True,
                              timeout=300)
+        hollow = subprocess.run([*bench, url, "--serve-clip", str(empty)], cwd=ROOT, capture_output=True, text=True,
+                                timeout=300)
         with connect(url.replace("http", "ws", 1) + "/v1/stream"):  # another client holds one of the two
             full = subprocess.run([*bench, url, "--serve-streams", "2", "--serve-warmup", "1"], cwd=ROOT,
                                   capture_output=True, text=True, timeout=300)
@@ -66,12 +72,17 @@ def test_counts_over_the_servers_limit_are_said_and_not_run_and_a_clip_it_cannot
                      r"[0-9.]+ ms, the last [0-9]+ at p50 [0-9.]+ ms \([0-9]+ of 30 frames answered\)\.",
                      some.stdout), some.stdout
     assert rows[-1] == "| 4 | not run: the server takes at most 2 streams (its --max-streams) |"
-    # The warm-up takes the one stream left; of the count's two, the server refuses one: said, never a traceback.
-    assert full.returncode == 0 and "Traceback" not in full.stderr, full.stderr[-2000:]
+    # The warm-up takes the one stream left; of the count's two, the server refuses one: said in the row and in a
+    # line, never a traceback, and the run does not pass for whole (exit 1).
+    assert full.returncode == 1 and "Traceback" not in full.stderr, full.stderr[-2000:]
+    assert full.stderr.strip().splitlines()[-1].startswith("error: not every stream ran as asked")
     assert "Warm-up: 1 stream for 1 s" in full.stdout
-    assert "<!-- 2 streams: 2 errors, first: the server is at its limit of 2 streams" in full.stdout, full.stdout
+    row = [line for line in full.stdout.splitlines() if line.startswith("| 2 ")][0]
+    assert row.startswith("| 2 (1 refused) | 30 | 30 |"), row  # one stream's second of frames
+    assert "<!-- 2 streams: 1 error, first: the server is at its limit of 2 streams" in full.stdout, full.stdout
     for out, line in ((none, f"error: {url}: the server takes at most 2 streams and 4 or more were asked for: start "
                                    f"it with --max-streams 8, or ask for fewer (--serve-streams)"),
-                      (bad, f"error: {url}: {text}: not a video this can read")):
+                      (bad, f"error: {text}: not a video this can read"),
+                      (hollow, f"error: {empty}: a video with no frames")):
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
         assert out.stderr.strip().splitlines()[-1].startswith(line)

@@ -13,6 +13,7 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 from emonet.build import ModelOptions  # noqa: E402
 from emonet.serve.pool import LoopPool  # noqa: E402
+from websockets.exceptions import ConnectionClosed  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
 from .conftest import free_port  # noqa: E402
@@ -109,15 +110,28 @@ def test_a_loop_that_dies_is_said_by_health_and_the_others_stop_with_the_server(
     try:
         loops = children(proc.pid)
         assert len(loops) == 2
-        subprocess.run(["kill", "-KILL", str(loops[1])], check=True)
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{url}/health").status_code == 200 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        health = httpx.get(f"{url}/health")
-        assert health.status_code == 503 and "killed by SIGKILL" in health.json()["why"]
-        assert health.json()["status"] == "degraded" and health.json()["loops_running"] == 1
-        assert health.json()["device"].startswith("cpu") and health.json()["engine"]  # what it runs, still said
-        assert "emonet_loops_running 1.0" in httpx.get(f"{url}/metrics").text
+        with connect(ws_url(url), max_size=None) as one, connect(ws_url(url), max_size=None) as two:  # one a loop
+            subprocess.run(["kill", "-KILL", str(loops[1])], check=True)
+            deadline = time.monotonic() + 30
+            while httpx.get(f"{url}/health").status_code == 200 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            health = httpx.get(f"{url}/health")
+            assert health.status_code == 503 and "killed by SIGKILL" in health.json()["why"]
+            assert health.json()["status"] == "degraded" and health.json()["loops_running"] == 1
+            assert health.json()["device"].startswith("cpu") and health.json()["engine"]  # what it runs, still said
+            assert (health.json()["streams"], health.json()["max_streams"]) == (2, 2)  # the keys of a ready server
+            assert "emonet_loops_running 1.0" in httpx.get(f"{url}/metrics").text
+            # The stream whose loop died is told so and closed (the client reconnects); the other goes on.
+            replies = []
+            for ws in (one, two):
+                ws.send(PHOTO.read_bytes())
+                replies.append(json.loads(ws.recv(timeout=120)))
+            lost = [k for k, r in enumerate(replies) if "error" in r]
+            assert len(lost) == 1 and "ended unexpectedly" in replies[lost[0]]["error"], replies
+            assert len(replies[1 - lost[0]]["faces"]) == 1
+            with pytest.raises(ConnectionClosed) as closed:
+                (one, two)[lost[0]].recv(timeout=30)
+            assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1011, "its analysis loop ended; reconnect")
         # The loop that lives goes on answering: a new stream opens there, not in the one that died.
         reply = stream_replies(url, [PHOTO.read_bytes()])[0]
         assert reply["frame"] == 0 and len(reply["faces"]) == 1 and "error" not in reply
@@ -142,4 +156,4 @@ def test_loops_that_cannot_load_the_checkpoint_are_one_line(tmp_path):
 def test_more_loops_than_it_takes_is_one_line():
     out = subprocess.run([sys.executable, "-m", "emonet.apps.serve", "--loops", "17"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
-    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("serve.py: error: --loops takes at most 16")
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("python -m emonet.apps.serve: error: --loops takes at most 16")

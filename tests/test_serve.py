@@ -357,7 +357,7 @@ def test_a_server_killed_outright_leaves_no_gpu_loop_behind():
 def test_a_negative_max_age_is_one_line():
     out = subprocess.run([sys.executable, "-m", "emonet.apps.serve", "--max-age-ms", "-1"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].endswith("--max-age-ms must be 0 or more, not -1 (see serve.py --help)")
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].endswith("--max-age-ms must be 0 or more, not -1 (see python -m emonet.apps.serve --help)")
 
 
 def test_a_checkpoint_the_loop_cannot_load_is_one_line_before_the_server_listens(tmp_path):

@@ -8,7 +8,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Optional
 
-from ..cli import ToolParser
+from ..cli import ToolParser, plural
 from ..errors import InputError
 from .common import add_model_arguments, model_options, run_tool
 
@@ -132,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
     freeze_loaded()  # what is loaded now lives as long as the service: the collector's full passes skip it
     print(f"emonet-serve: http://{args.host}:{args.port}/ (the page), /v1/analyze, /v1/stream, /health, /metrics; "
+          f"{loop.about.get('device')}, {plural(loops, 'analysis loop')}, at most {plural(max_streams, 'stream')}; "
           f"Ctrl-C stops it", file=sys.stderr, flush=True)
     # uvicorn (0.55's Server.capture_signals) stops gracefully on Ctrl-C or SIGTERM, then raises each signal it caught
     # again for the handler it found: these note it, so the process neither dies of the signal nor looks as if it

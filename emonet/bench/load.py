@@ -11,6 +11,7 @@ import multiprocessing
 import re
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ class LoadResult:
     latencies: list[float] = field(default_factory=list)     # read-to-send, as the server reports it
     round_trips: list[float] = field(default_factory=list)   # send to answer, as the client sees it
     firsts: list[float] = field(default_factory=list)        # each stream's first frame answered: its round trip
+    refused: int = 0                                         # streams the server refused or closed early
     mean_batch: Optional[float] = None                       # frames per step during the run
 
     @property
@@ -53,7 +55,8 @@ class LoadResult:
         p = (lambda q, xs: f"{np.percentile(xs, q):.1f}" if xs else "–")
         batch = f"{self.mean_batch:.1f}" if self.mean_batch is not None else "–"
         share = f" ({100 * self.dropped / self.sent:.1f} %)" if self.sent and self.dropped else ""
-        return (f"| {self.streams} | {self.fps:g} | {self.sent} | {self.answered} | {self.dropped}{share} | "
+        streams = f"{self.streams} ({self.refused} refused)" if self.refused else f"{self.streams}"
+        return (f"| {streams} | {self.fps:g} | {self.sent} | {self.answered} | {self.dropped}{share} | "
                 f"{self.lost} | {self.out_of_order} | {p(50, self.round_trips)} | {p(99, self.round_trips)} | "
                 f"{p(50, self.latencies)} | {p(99, self.latencies)} | {batch} |")
 
@@ -77,24 +80,27 @@ async def _stream(url: str, frames: list[bytes], fps: float, seconds: float, res
 
     sent_at: dict[int, float] = {}
     expected, first = 0, True  # the next frame's number; whether none has been answered yet
+    ended = False  # the server refused or closed this stream, said once
     async with connect(url.replace("http", "ws", 1) + "/v1/stream", max_size=None) as ws:
         async def receive() -> None:
             try:
                 await answers()
-            except ConnectionClosed as exc:  # said once, by the sender or here, whichever sees it first
-                closed(exc)
+            except ConnectionClosed as exc:  # by the sender or here, whichever sees it first
+                closed(f"the server closed the stream: {exc}")
 
-        def closed(exc: Exception) -> None:
-            why = f"the server closed the stream: {exc}"
-            if why not in result.errors:
+        def closed(why: str) -> None:
+            nonlocal ended
+            if not ended:
+                ended = True
+                result.refused += 1
                 result.errors.append(why)
 
         async def answers() -> None:
             nonlocal expected, first
             async for message in ws:
                 reply = json.loads(message)
-                if "frame" not in reply:
-                    result.errors.append(reply.get("error", "?"))
+                if "frame" not in reply:  # the stream refused (at its --max-streams, say), or ended
+                    closed(reply.get("error", "?"))
                     return
                 if reply["frame"] != expected:
                     result.out_of_order += 1
@@ -121,7 +127,7 @@ async def _stream(url: str, frames: list[bytes], fps: float, seconds: float, res
                 await ws.send(frames[i % len(frames)])
             except ConnectionClosed as exc:  # refused (at its --max-streams, say) or gone: said, not a traceback
                 sent_at.pop(i)
-                closed(exc)
+                closed(f"the server closed the stream: {exc}")
                 break
             result.sent += 1
         deadline = time.perf_counter() + 30
@@ -163,6 +169,7 @@ def run_load(url: str, frames: list[bytes], streams: int, fps: float = 30.0, sec
             result.latencies += part.latencies
             result.round_trips += part.round_trips
             result.firsts += part.firsts
+            result.refused += part.refused
     after = _batches(url)
     if after[1] > before[1]:
         result.mean_batch = (after[0] - before[0]) / (after[1] - before[1])
@@ -170,7 +177,24 @@ def run_load(url: str, frames: list[bytes], streams: int, fps: float = 30.0, sec
 
 
 class LoadError(ValueError):
-    """A load that cannot be sent as asked (a clip that cannot be read, no count the server takes)."""
+    """A load that cannot be sent as asked (no count the server takes, a server that is not ready)."""
+
+
+class ClipError(LoadError):
+    """A clip whose frames cannot be had (not a video, no frames): the local file's fault, not the server's."""
+
+
+def health(url: str) -> dict:
+    """The server's ``/health``; :class:`LoadError` where it answers that it is degraded or stopped."""
+    try:
+        return json.loads(urllib.request.urlopen(f"{url}/health", timeout=10).read())
+    except urllib.error.HTTPError as exc:
+        if exc.code != 503:
+            raise
+        said = json.loads(exc.read() or b"{}")
+        raise LoadError(f"the server is {said.get('status', 'not ready')}: {said.get('why', '?')} "
+                        f"({said.get('loops_running', '?')} of {said.get('loops', '?')} loops running); a load "
+                        f"measured now would not be its own: restart it") from None
 
 
 def camera_frames(clip: "str | Path", width: int = 640, height: int = 480, count: int = 300) -> list[bytes]:
@@ -183,7 +207,7 @@ def camera_frames(clip: "str | Path", width: int = 640, height: int = 480, count
     try:
         container = av.open(str(clip))
     except (OSError, av.error.FFmpegError) as exc:
-        raise LoadError(f"{clip}: not a video this can read ({exc})") from None
+        raise ClipError(f"{clip}: not a video this can read ({getattr(exc, 'strerror', None) or exc})") from None
     with container:
         for _, frame in zip(range(count), container.decode(video=0)):
             image = frame.to_ndarray(format="bgr24")
@@ -197,6 +221,8 @@ def camera_frames(clip: "str | Path", width: int = 640, height: int = 480, count
             shrink = image.shape[1] > width
             image = cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
             frames.append(cv2.imencode(".jpg", image)[1].tobytes())
+    if not frames:
+        raise ClipError(f"{clip}: a video with no frames")
     return frames
 
 
@@ -207,51 +233,55 @@ WARMUP_SECONDS = 3.0
 
 
 def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float = 30.0,
-                     clip: Optional[str] = None, warmup: float = WARMUP_SECONDS) -> str:
+                     clip: Optional[str] = None, warmup: float = WARMUP_SECONDS) -> tuple[str, bool]:
     """The service at ``url`` under each count of concurrent streams (:func:`run_load`), as a
     Markdown table: the client's round trip first, frames answered, dropped and never answered, the server's
     latency, step sizes. ``clip``: a video whose frames (as 640x480 JPEG, :func:`camera_frames`) are sent
-    (default: a made-up clip of a real face); ``warmup``: seconds of one stream first, its first frame's round trip
-    said against its last second's (0: none)."""
-    health = json.loads(urllib.request.urlopen(f"{url}/health", timeout=10).read())
-    most = health.get("max_streams") or max(counts)
+    (default: a made-up clip of a real face); ``warmup``: seconds of a stream to each of the server's loops first,
+    their first frame's round trip said against their last ones' (0: none). With it, whether every stream ran (the
+    server refused none)."""
+    about = health(url)
+    most = about.get("max_streams") or max(counts)
     if min(counts) > most:
         raise LoadError(f"the server takes at most {most} streams and {min(counts)} or more were asked for: start it "
                         f"with --max-streams {max(counts)}, or ask for fewer (--serve-streams)")
     with tempfile.TemporaryDirectory(prefix="emonet-load-") as tmp:
         path = clip or make_clip(Path(tmp) / "clip.mp4", width=640, height=480, frames=30)
         frames = camera_frames(path)
-    lines = [f"Service: {url}, {health.get('engine')} on {health.get('device')}, JPEG decoded by "
-             f"{health.get('jpeg_decoder', '?')}; 640x480 JPEG frames of {clip or 'a made-up clip of a real face'} "
+    lines = [f"Service: {url}, {about.get('engine')} on {about.get('device')}, JPEG decoded by "
+             f"{about.get('jpeg_decoder', '?')}; 640x480 JPEG frames of {clip or 'a made-up clip of a real face'} "
              f"({sum(map(len, frames)) // len(frames) // 1024} KB), {fps:g} frames/s a stream paced by the clock, "
              f"{seconds:g} s each. Round trip: from the client's send to its answer."]
     if warmup > 0:
         lines[0] += " " + _warm(url, frames, fps, warmup)
     lines += ["", HEADER]
+    whole = True
     for n in counts:
         if n > most:  # refused by the server: said in the table, the counts it takes still run
             lines.append(f"| {n} | not run: the server takes at most {most} streams (its --max-streams) |")
             continue
         result = run_load(url, frames, n, fps, seconds)
         lines.append(result.row())
+        whole = whole and not result.refused
         if result.errors:
-            lines.append(f"<!-- {n} streams: {len(result.errors)} errors, first: {result.errors[0]} -->")
-    return "\n".join(lines)
+            lines.append(f"<!-- {n} stream{'s' if n > 1 else ''}: {len(result.errors)} error"
+                         f"{'s' if len(result.errors) > 1 else ''}, first: {result.errors[0]} -->")
+    if not whole:
+        lines += ["", "Not every stream ran: the server refused or closed some (the *streams* column says how many), "
+                      "so those rows are of fewer streams than asked."]
+    return "\n".join(lines), whole
 
 
 def _warm(url: str, frames: list[bytes], fps: float, seconds: float) -> str:
     """A stream to each of the server's loops (each prepares for a frame size on its own) for ``seconds`` before the
     counts (see WARMUP_SECONDS), then until the server has closed them: what they saw, a sentence."""
-    def health() -> dict:
-        return json.loads(urllib.request.urlopen(f"{url}/health", timeout=10).read())
-
-    before = health()
+    before = health(url)
     most = before.get("max_streams") or 1
     streams = max(1, min(int(before.get("loops") or 1), most - int(before.get("streams") or 0)))
     warm = run_load(url, frames, streams, fps, seconds)
     deadline, closed = time.monotonic() + 10, False  # before the counts open theirs (--max-streams)
     while not closed and time.monotonic() < deadline:
-        closed = int(health().get("streams") or 0) <= int(before.get("streams") or 0)
+        closed = int(health(url).get("streams") or 0) <= int(before.get("streams") or 0)
         if not closed:
             time.sleep(0.05)
     what = f"Warm-up: {streams} stream{'s' if streams > 1 else ''} for {seconds:g} s before the counts, not in the table"

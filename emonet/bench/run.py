@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Callable, Optional
@@ -18,7 +19,7 @@ from ..cli import ToolParser
 from .common import environment, show_report, save, startup_floor
 from .engines import CPU_DEFAULT, GPU_DEFAULT, MODES, Mode, mode_report, process_start, run_child, run_modes
 from .kernels import profile
-from .load import WARMUP_SECONDS, LoadError, serve_load_table
+from .load import WARMUP_SECONDS, ClipError, LoadError, serve_load_table
 from .photo import RELEASED_PHOTO, photo_benchmark
 from .sweep import job_sweep, repeat_clip, sweep_table
 from .video import decode_loop, decode_only, make_clip, released_way, video_benchmark
@@ -79,25 +80,39 @@ def _serve_load(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         counts = [int(v) for v in args.serve_streams.split(",") if v]
     except ValueError:
         parser.error(f"--serve-streams takes whole counts, as 1,8,32 (got {args.serve_streams!r})")
-    if not counts or min(counts) < 1 or args.serve_seconds <= 0:
-        parser.error("--serve-streams counts are at least 1, and --serve-seconds positive")
-    if args.serve_warmup != 0 and args.serve_warmup * 30 < 1:
+    if not counts or min(counts) < 1:
+        parser.error("--serve-streams counts are at least 1")
+    if not (math.isfinite(args.serve_seconds) and args.serve_seconds * 30 >= 1):
+        parser.error(f"--serve-seconds is at least a frame's time at 30 frames/s (1/30 s), not {args.serve_seconds:g}")
+    if not (math.isfinite(args.serve_warmup) and (args.serve_warmup == 0 or args.serve_warmup * 30 >= 1)):
         parser.error(f"--serve-warmup is 0 (none) or at least a frame's time at 30 frames/s (1/30 s), not "
                      f"{args.serve_warmup:g}")
     if not args.serve_load.startswith(("http://", "https://")):
         parser.error(f"--serve-load takes the service's URL, as http://127.0.0.1:8000 (got {args.serve_load!r})")
     if args.serve_clip is not None and not Path(args.serve_clip).is_file():
-        parser.error(f"--serve-clip {args.serve_clip}: no such video file")
+        what = "a folder, not a video file" if Path(args.serve_clip).is_dir() else "no such video file"
+        parser.error(f"--serve-clip {args.serve_clip}: {what}")
     try:
-        text = serve_load_table(args.serve_load.rstrip("/"), counts, args.serve_seconds, clip=args.serve_clip,
-                                warmup=args.serve_warmup)
-    except OSError as exc:
-        print(f"error: {args.serve_load}: no emonet-serve answers there ({exc})", file=sys.stderr)
+        text, whole = serve_load_table(args.serve_load.rstrip("/"), counts, args.serve_seconds, clip=args.serve_clip,
+                                       warmup=args.serve_warmup)
+    except ClipError as exc:  # the local file's fault, not the server's
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except LoadError as exc:
         print(f"error: {args.serve_load}: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"error: {args.serve_load}: no emonet-serve answers there ({exc}); give the server's own address, "
+              f"as http://127.0.0.1:8000", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     show_report(text, args.markdown)
+    if not whole:
+        print("error: not every stream ran as asked (the server refused some: see the table); the figures are of "
+              "those that did", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -257,8 +272,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "a second; default 3)")
     parser.add_argument("--serve-load", default=None, metavar="URL",
                         help="drive a running emonet-serve at URL (http://127.0.0.1:8000) with concurrent WebSocket "
-                             "streams of 640x480 JPEG frames: lost and reordered frames, server latency p50/p99, GPU "
-                             "batch sizes")
+                             "streams of 640x480 JPEG frames: lost and reordered frames, server latency p50/p99, "
+                             "frames per step")
     parser.add_argument("--serve-clip", default=None, metavar="VIDEO",
                         help="--serve-load sends this video's frames as a 640x480 camera would (JPEG, the centre "
                              "cut to 4:3, then scaled; default: a made-up clip)")

@@ -223,9 +223,10 @@ def create_app(loop: LoopPool, config: ServeConfig = ServeConfig()) -> FastAPI:
     async def health() -> JSONResponse:
         if not loop.alive:  # a load balancer sends no more work here (the loops still running answer meanwhile)
             running = loop.running
-            return JSONResponse({**about, "status": "degraded" if running else "stopped",
+            return JSONResponse({"status": "degraded" if running else "stopped", **about,
                                  "why": loop.failure or "the live loop has stopped", "loops": len(loop.loops),
-                                 "loops_running": running, "sessions_per_loop": loop.sessions}, 503)
+                                 "loops_running": running, "streams": state["streams"],
+                                 "max_streams": config.max_streams, "sessions_per_loop": loop.sessions}, 503)
         return JSONResponse({"status": "ready", **about, "streams": state["streams"],
                              "max_streams": config.max_streams, "sessions_per_loop": loop.sessions})
 
@@ -306,6 +307,11 @@ def create_app(loop: LoopPool, config: ServeConfig = ServeConfig()) -> FastAPI:
                     await socket.close(code=1008, reason=f"answers unread for {config.idle_seconds:g} s")
                     break
                 index += 1
+                if isinstance(outcome, RuntimeError):  # its loop has ended: the client reconnects into a live one
+                    await answers.put(None)
+                    await sender
+                    await socket.close(code=1011, reason="its analysis loop ended; reconnect")
+                    break
         except WebSocketDisconnect:  # the client left mid-stream: its state goes with this call
             pass
         finally:
@@ -384,14 +390,15 @@ async def _send_answers(socket: WebSocket, answers: asyncio.Queue, start: float,
             tail.update(width=result.shape[1], height=result.shape[0])
         if "dropped" not in reply:
             latency = (time.perf_counter() - received) * 1e3
-            if first is None:
-                first = latency
-            else:
-                recent.append(latency)
-                bisect.insort(ordered, latency)
-                if len(recent) > STEADY_FRAMES:
-                    del ordered[bisect.bisect_left(ordered, recent.popleft())]
-            tail.update(latency_ms=round(latency, 3), first_latency_ms=round(first, 3),
+            if faces is not None:  # a frame analysed: an error's quick answer is no latency of the analysis
+                if first is None:
+                    first = latency
+                else:
+                    recent.append(latency)
+                    bisect.insort(ordered, latency)
+                    if len(recent) > STEADY_FRAMES:
+                        del ordered[bisect.bisect_left(ordered, recent.popleft())]
+                metrics.stream_latency.observe(latency / 1e3)
+            tail.update(latency_ms=round(latency, 3), first_latency_ms=round(first, 3) if first is not None else None,
                         steady_latency_ms=round(_median(ordered), 3) if ordered else None)
-            metrics.stream_latency.observe(latency / 1e3)
         await asyncio.wait_for(socket.send_text(_with_faces(reply, faces, tail)), timeout)

@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..cli import plural
 from .video import make_clip
 
 # Streams one client process sends, at most: at 30 frames/s of ~46-KB JPEG frames, one asyncio process keeps its
@@ -253,7 +254,7 @@ def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float
              f"({sum(map(len, frames)) // len(frames) // 1024} KB), {fps:g} frames/s a stream paced by the clock, "
              f"{seconds:g} s each. Round trip: from the client's send to its answer."]
     if warmup > 0:
-        lines[0] += " " + _warm(url, frames, fps, warmup)
+        lines[0] += " " + _warm(url, about, frames, fps, warmup)
     lines += ["", HEADER]
     whole = True
     for n in counts:
@@ -264,18 +265,18 @@ def serve_load_table(url: str, counts: Sequence[int], seconds: float, fps: float
         lines.append(result.row())
         whole = whole and not result.refused
         if result.errors:
-            lines.append(f"<!-- {n} stream{'s' if n > 1 else ''}: {len(result.errors)} error"
-                         f"{'s' if len(result.errors) > 1 else ''}, first: {result.errors[0]} -->")
+            lines.append(f"<!-- {plural(n, 'stream')}: {plural(len(result.errors), 'error')}, first: "
+                         f"{result.errors[0]} -->")
     if not whole:
         lines += ["", "Not every stream ran: the server refused or closed some (the *streams* column says how many), "
                       "so those rows are of fewer streams than asked."]
     return "\n".join(lines), whole
 
 
-def _warm(url: str, frames: list[bytes], fps: float, seconds: float) -> str:
+def _warm(url: str, before: dict, frames: list[bytes], fps: float, seconds: float) -> str:
     """A stream to each of the server's loops (each prepares for a frame size on its own) for ``seconds`` before the
-    counts (see WARMUP_SECONDS), then until the server has closed them: what they saw, a sentence."""
-    before = health(url)
+    counts (see WARMUP_SECONDS), then until the server has closed them: what they saw, a sentence. ``before``: its
+    ``/health`` as the run began."""
     most = before.get("max_streams") or 1
     streams = max(1, min(int(before.get("loops") or 1), most - int(before.get("streams") or 0)))
     warm = run_load(url, frames, streams, fps, seconds)
@@ -284,7 +285,7 @@ def _warm(url: str, frames: list[bytes], fps: float, seconds: float) -> str:
         closed = int(health(url).get("streams") or 0) <= int(before.get("streams") or 0)
         if not closed:
             time.sleep(0.05)
-    what = f"Warm-up: {streams} stream{'s' if streams > 1 else ''} for {seconds:g} s before the counts, not in the table"
+    what = f"Warm-up: {plural(streams, 'stream')} for {seconds:g} s before the counts, not in the table"
     late = "" if closed else "; the server still had them open 10 s later"
     if warm.errors:
         return f"{what}: {warm.errors[0]}{late}."

@@ -74,6 +74,11 @@ def _warp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _a_frame_or_more(seconds: float) -> bool:
+    """Whether ``seconds`` is finite and at least a frame's time at --serve-load's 30 frames/s."""
+    return math.isfinite(seconds) and seconds * 30 >= 1
+
+
 def _serve_load(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """--serve-load: a running emonet-serve under each count of concurrent streams."""
     try:
@@ -82,9 +87,10 @@ def _serve_load(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         parser.error(f"--serve-streams takes whole counts, as 1,8,32 (got {args.serve_streams!r})")
     if not counts or min(counts) < 1:
         parser.error("--serve-streams counts are at least 1")
-    if not (math.isfinite(args.serve_seconds) and args.serve_seconds * 30 >= 1):
-        parser.error(f"--serve-seconds is at least a frame's time at 30 frames/s (1/30 s), not {args.serve_seconds:g}")
-    if not (math.isfinite(args.serve_warmup) and (args.serve_warmup == 0 or args.serve_warmup * 30 >= 1)):
+    if not _a_frame_or_more(args.serve_seconds):
+        parser.error(f"--serve-seconds is at least a frame's time at 30 frames/s (1/30 s), not "
+                     f"{args.serve_seconds:g}")
+    if not (args.serve_warmup == 0 or _a_frame_or_more(args.serve_warmup)):
         parser.error(f"--serve-warmup is 0 (none) or at least a frame's time at 30 frames/s (1/30 s), not "
                      f"{args.serve_warmup:g}")
     if not args.serve_load.startswith(("http://", "https://")):

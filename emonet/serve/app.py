@@ -149,10 +149,10 @@ class Metrics:
 
     def watch(self, loop: LoopPool) -> None:
         """The pool's loops as gauges read at each scrape: how many still run, and the sessions open in each."""
-        Gauge("emonet_loops_running", "analysis loops still running (of --loops)", registry=self.registry).set_function(
-            lambda: loop.running)
-        sessions = Gauge("emonet_loop_sessions", "sessions (streams and requests) open in each analysis loop", ["loop"],
-                         registry=self.registry)
+        Gauge("emonet_loops_running", "analysis loops still running (of --loops)",
+              registry=self.registry).set_function(lambda: loop.running)
+        sessions = Gauge("emonet_loop_sessions", "sessions (streams and requests) open in each analysis loop",
+                         ["loop"], registry=self.registry)
         for k in range(len(loop.loops)):
             sessions.labels(str(k)).set_function(lambda k=k: loop.sessions[k])
 
@@ -221,14 +221,13 @@ def create_app(loop: LoopPool, config: ServeConfig = ServeConfig()) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        now = {"streams": state["streams"], "max_streams": config.max_streams, "sessions_per_loop": loop.sessions}
         if not loop.alive:  # a load balancer sends no more work here (the loops still running answer meanwhile)
             running = loop.running
             return JSONResponse({"status": "degraded" if running else "stopped", **about,
                                  "why": loop.failure or "the live loop has stopped", "loops": len(loop.loops),
-                                 "loops_running": running, "streams": state["streams"],
-                                 "max_streams": config.max_streams, "sessions_per_loop": loop.sessions}, 503)
-        return JSONResponse({"status": "ready", **about, "streams": state["streams"],
-                             "max_streams": config.max_streams, "sessions_per_loop": loop.sessions})
+                                 "loops_running": running, **now}, 503)
+        return JSONResponse({"status": "ready", **about, **now})
 
     @app.post("/v1/analyze")
     async def analyze(image: UploadFile = File(...)) -> JSONResponse:

@@ -119,13 +119,13 @@ class Scheduler:
     def _on_det_stream(self):
         return torch.cuda.stream(self.det_stream) if self.det_stream is not None else contextlib.nullcontext()
 
-    def _launch_detector(self, frames: list, small: list[bool]):
+    def _launch_detector(self, frames: list, small: list[bool], memory: Optional[list] = None):
         if self.det_stream is None:
-            return self.detector.launch([f.image for f in frames], small)
+            return self.detector.launch([f.image for f in frames], small, memory)
         waited: set = set()
         with torch.cuda.stream(self.det_stream):
             return self.detector.launch([f.on_device(self.engine.device, self.det_stream, waited) for f in frames],
-                                        small)
+                                        small, memory)
 
     def _collect_detector(self, handle, min_score: Optional[float]) -> list:
         # On the detector's stream: its close look at the candidates (more network work) must not queue behind,
@@ -142,19 +142,20 @@ class Scheduler:
         # A standby look rides along wherever the detector runs in this step anyway, whichever session's frames
         # make it run (a stream's chunk of one frame seldom has a detection frame of its own).
         detecting = any(picked for _, picked in planned)
-        entries, frames, small = [], [], []
+        entries, frames, small, memory = [], [], [], []
         for entry, picked in planned:
             if entry.standby_wanted and detecting:
-                picked.insert(0, (entry.chunk[0], entry.standby_wanted[0]))
+                picked.insert(0, (entry.chunk[0], entry.standby_wanted[0], None))
                 entry.standby, entry.count = True, entry.count + 1
             entries.append(entry)
-            frames += [f for f, _ in picked]
-            small += [s for _, s in picked]
+            frames += [f for f, _, _ in picked]
+            small += [s for _, s, _ in picked]
+            memory += [m for _, _, m in picked]
         step = QueuedStep(entries)
         for entry in entries:
             entry.step = step
         if frames:
-            step.handle = self._launch_detector(frames, small)
+            step.handle = self._launch_detector(frames, small, memory)
             if advance:
                 with self._on_det_stream():
                     step.handle = self.detector.advance(step.handle)

@@ -9,6 +9,7 @@ from typing import Optional
 
 import numpy as np
 
+from .detection.close_look import LookMemory
 from .pipeline import Outputs, Pending, Pipeline, PlannedFace
 from .results import FaceResult
 from .scheduler import PendingChunk, PendingStep, QueuedDetection, Scheduler, SettledChunk
@@ -82,6 +83,8 @@ class VideoPipeline:
         # do (otherwise its views would be GPU work thrown away nearly every chunk).
         self.losing = True
         self.seen = 0  # frames so far: the periodic detections fall on the same frames at any chunk size
+        # Candidates verified at the last periodic detection carry their verdict (see LookMemory).
+        self.look_memory = LookMemory()
         gpu = self.engine.device.type == "cuda"
         self.standby = gpu and getattr(self.detector, "queues", False) if standby is None else standby
 
@@ -107,7 +110,7 @@ class VideoPipeline:
 
     # -- the session's own decisions, called by the scheduler ----------------------------------------------
     def plan_detection(self, chunk: list) -> tuple[QueuedDetection, list[tuple]]:
-        """Which frames of the chunk the detector sees, and whether it looks for small faces in each: every
+        """Which frames of the chunk the detector sees, ``(frame, small faces too, memory or None)`` each: every
         ``detect_every``-th frame counted from the first, whatever the chunks, small faces on every
         SMALL_FACES_EVERY-th of them; and the chunk's first frame looked at again where a loss is known already
         (its chunk settled before this one's detection), or in standby (see the class)."""
@@ -126,10 +129,12 @@ class VideoPipeline:
         if known and flags[0] and relook_small and chunk[0].index in whole_only:
             whole_only.discard(chunk[0].index)  # looked at as the look again needs: small faces too
             small[0] = True
-        picked = [(f, s) for f, s, d in zip(chunk, small, flags) if d]
+        # A periodic detection frame reads and updates the session's memory of verified candidates; a look again
+        # (after a loss) does neither, so what the detector looks at does not depend on when a loss was known.
+        picked = [(f, s, self.look_memory) for f, s, d in zip(chunk, small, flags) if d]
         # A first frame detected anyway is looked at again only after a loss, not twice in every such chunk.
         if not flags[0] and known:  # a loss known now: looked at again in any case
-            picked.insert(0, (chunk[0], relook_small))
+            picked.insert(0, (chunk[0], relook_small, None))
         entry = QueuedDetection(self, chunk, flags, len(picked), not flags[0] and known, frozenset(whole_only))
         if not flags[0] and not known and self.standby and self.losing:
             # In standby, where the step's detector runs anyway (the scheduler decides): small faces or not.

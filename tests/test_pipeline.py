@@ -129,7 +129,7 @@ def test_a_lost_face_is_looked_for_in_standby_with_the_same_boxes(reference_mode
     pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)), detector)
     launches = []
     launch = detector.launch
-    detector.launch = lambda images, small=None: launches.append(list(small)) or launch(images, small)
+    detector.launch = lambda images, small=None, memory=None: launches.append(list(small)) or launch(images, small, memory)
     runs = {}
     for standby in (False, True):
         launches.clear()

@@ -19,7 +19,7 @@ def test_a_losing_streams_standby_rides_with_another_streams_detection(reference
     pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)), detector)
     launches = []
     launch = detector.launch
-    detector.launch = lambda images, small=None: launches.append(len(images)) or launch(images, small)
+    detector.launch = lambda images, small=None, memory=None: launches.append(len(images)) or launch(images, small, memory)
     scheduler = Scheduler(pipeline)
     a, b = (VideoPipeline(pipeline, detect_every=3, standby=True, scheduler=scheduler) for _ in range(2))
     frame = lambda i: Frame(index=i, timestamp=i / 30, host=scene)  # noqa: E731

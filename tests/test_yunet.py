@@ -241,3 +241,97 @@ def test_photos_of_many_sizes_keep_a_few_sizes_of_graphs():
         for _ in range(2):
             gpu.detect([np.ascontiguousarray(np.resize(photo, (side, side, 3)))])
     assert len({key[1:] for key in gpu._graphs._ready}) <= FINE_SIZES_KEPT
+
+
+def _moving_face(count: int) -> list:
+    from emonet.io.video import Frame
+
+    frames = []
+    for k in range(count):
+        image, _ = small_faces_scene(widths=(120,), places=((600 + 6 * k, 300),))
+        frames.append(Frame(index=k, timestamp=k / 30, host=image))
+    return frames
+
+
+def _video_rows(pipeline, frames, chunks, memory=True):
+    """Per frame, (face id, box, detected, score) of each face, the frames stepped in chunks of these sizes."""
+    from emonet.session import VideoPipeline
+
+    session = VideoPipeline(pipeline, detect_every=2, smooth=False, standby=False)
+    if not memory:
+        session.look_memory = None
+    out, start = [], 0
+    for size in chunks:
+        chunk = frames[start:start + size]
+        start += size
+        flags, queued = session.detect(chunk)
+        out += session.finish(session.launch(chunk, flags, queued))
+    assert start == len(frames)
+    return [[(f.face_id, f.box.tolist(), f.detected, f.score) for f in faces] for faces in out]
+
+
+def _counting_looks(detector) -> list:
+    looked = []
+    launch = detector.close_look.launch
+    detector.close_look.launch = lambda images, candidates, mirrored=None: (
+        looked.append(sum(len(c) for c in candidates)) or launch(images, candidates, mirrored))
+    return looked
+
+
+def test_a_video_looks_close_up_once_at_a_face_it_follows_with_the_faces_and_ids_of_looking_every_time(
+        reference_model):
+    from emonet.engine import Engine, EngineConfig
+    from emonet.pipeline import Pipeline
+
+    detector = YuNetDetector("cpu")
+    pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)), detector)
+    looked = _counting_looks(detector)
+    frames = _moving_face(10)
+    every = _video_rows(pipeline, frames, [2] * 5, memory=False)
+    looks_every, looked[:] = list(looked), []
+    once = _video_rows(pipeline, frames, [2] * 5)
+    assert looks_every[0] >= 1 and looks_every == [looks_every[0]] * 5
+    assert looked == [looks_every[0], 0, 0, 0, 0]  # the first detection's candidates, then their verdicts carried
+    assert [len(faces) for faces in once] == [1] * 10
+    for a, b in zip(once, every):  # the same faces, ids and boxes; a carried look's score is the first one's
+        assert [(i, box, d) for i, box, d, _ in a] == [(i, box, d) for i, box, d, _ in b]
+    assert all(score >= DEFAULT_MIN_SCORE for faces in once for _, _, d, score in faces if d)
+    # Which candidates are looked at depends on the frames only, not on how they were chunked: the periodic
+    # detection frames are the same at any chunk size (frames between are cropped from the chunk before's
+    # landmarks, and a look again after a loss comes when the loss is known).
+    for chunks in ([1] * 10, [3, 7], [10]):
+        rows = _video_rows(pipeline, frames, chunks)
+        assert rows[::2] == once[::2]
+
+
+def test_a_dogs_face_turned_down_once_stays_turned_down_while_carried(reference_model):
+    from emonet.engine import Engine, EngineConfig
+    from emonet.io.video import Frame
+    from emonet.pipeline import Pipeline
+
+    detector = YuNetDetector("cpu")
+    pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)), detector)
+    looked = _counting_looks(detector)
+    dog = read_image(DATA / "animals" / "dog.4244.jpg")
+    frames = [Frame(index=k, timestamp=k / 30, host=dog) for k in range(6)]
+    rows = _video_rows(pipeline, frames, [2] * 3)
+    assert looked == [1, 0, 0] and rows == [[]] * 6
+
+
+def test_a_carried_look_needs_the_same_place_and_is_looked_at_again_after_look_again_detections():
+    from emonet.detection.close_look import LOOK_AGAIN, LookMemory, Verdict
+
+    box, uncut = np.array([[100.0, 100, 200, 220]]), np.zeros(1)
+    verdict = Verdict(0.9, 0.95)
+    memory = LookMemory()
+    memory.hold(box, uncut, [verdict], np.zeros(1, np.int64))
+    carried, ages = memory.carry(box + 5, uncut, set())
+    assert carried == [verdict] and ages.tolist() == [1]
+    assert memory.carry(box, np.array([2.0]), set())[0] == [None]  # the frame's side cuts it now
+    assert memory.carry(box + 80, uncut, set())[0] == [None]         # elsewhere
+    memory.hold(box, uncut, [verdict], np.array([LOOK_AGAIN - 1]))
+    assert memory.carry(box, uncut, set())[0] == [None]              # carried long enough: looked at again
+    unread = Verdict()
+    memory.hold(box, uncut, [unread], np.zeros(1, np.int64))
+    assert memory.carry(box, uncut, set())[0] == [None]              # an earlier call's look never read
+    assert memory.carry(box, uncut, {id(unread)})[0] == [unread]     # this call's, read with it

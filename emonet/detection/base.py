@@ -28,11 +28,15 @@ class FaceDetector:
         """Per image, an ``(k, 5)`` array ``x1, y1, x2, y2, score``, best first."""
         raise NotImplementedError
 
-    def launch(self, images: Sequence[np.ndarray], small: Optional[Sequence[bool]] = None):
+    def launch(self, images: Sequence[np.ndarray], small: Optional[Sequence[bool]] = None,
+               memory: Optional[Sequence] = None):
         """Start detecting; :meth:`collect` returns what :meth:`detect` would. A GPU backend queues its
         work and returns at once, so the caller can do something else meanwhile; the default just detects.
         ``small`` (per image; default all) says whether to look for faces under :meth:`small_face_limit` too,
-        where the detector looks for them apart (a video's frames between two such looks need not)."""
+        where the detector looks for them apart (a video's frames between two such looks need not).
+        ``memory`` (per image, a video's :class:`~emonet.detection.close_look.LookMemory` or None): where the
+        detector verifies its candidates, one already verified at that video's last periodic detection carries its
+        verdict instead of being looked at again (YuNet's); others ignore it."""
         return self.detect(images)
 
     def small_face_limit(self, shape: tuple) -> float:

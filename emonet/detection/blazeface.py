@@ -134,9 +134,10 @@ class BlazeFaceDetector(FaceDetector):
         long = max(shape[:2])
         return WHOLE_VIEW_LEAST * long / self.size if self.tiles and long > FINE_FROM * self.size else 0.0
 
-    def launch(self, images: Sequence[np.ndarray], small: Optional[Sequence[bool]] = None) -> tuple:
+    def launch(self, images: Sequence[np.ndarray], small: Optional[Sequence[bool]] = None,
+               memory: Optional[Sequence] = None) -> tuple:
         """Queue every view of the images (``small``: per image, whether the fine view and tiles too; default
-        all); :meth:`collect` decodes them."""
+        all); :meth:`collect` decodes them. ``memory`` is not used: every candidate is looked at."""
         inputs, owners = [], []  # every image whole, then its tiles: (image index, x, y, tile side or 0)
         fine: dict[tuple, list[int]] = {}  # the images seen in the fine view, by size
         for i, image in enumerate(images):

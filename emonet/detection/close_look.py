@@ -11,7 +11,7 @@ score. On a GPU the networks after the crops run as one CUDA graph per padded co
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -20,6 +20,7 @@ import torch
 from ..engine.graphs import Graphs, capture_graph
 from .base import FaceDetector
 from .crops import close_crops, scale_crops
+from .decoding import iou_pairs
 from .graph_policy import pad_rows, padded_count, powers_of_two
 from .mmod import CropScorer, MMODNet
 from .onet import ONET_SIZE, onet_input
@@ -89,6 +90,64 @@ class Looking:
         if not self.mmod:
             return None
         return np.split(self._host()[:, 1], np.cumsum([len(faces) for faces in self.candidates])[:-1])
+
+
+# A video's candidate whose box overlaps one of its candidates at the last periodic detection by this much or more
+# (in the same place as to the frame's edge) carries that one's close look; a run of carried looks is looked at again
+# every LOOK_AGAIN-th detection (every 5 s at 30 frames/s, a detection every 5 frames), so that what the frame shows
+# there is verified again: a face never carries the look of a thing that took its place for longer.
+CARRY_IOU = 0.5
+LOOK_AGAIN = 30
+
+
+@dataclass
+class Verdict:
+    """A candidate's close look once read (:meth:`CloseLook.launch`): its score and MMOD's mapped (NaN without
+    MMOD); None until read."""
+
+    close: Optional[float] = None
+    mmod: float = float("nan")
+
+
+@dataclass
+class LookMemory:
+    """A video's (or live stream's) candidates at its last periodic detection, each with the verdict of its close
+    look and how many detections in a row that verdict has been carried. One per video, given to the detector with
+    that video's periodic detection frames, in order; a look again after a lost face is not a periodic detection
+    and neither reads nor changes it. So which candidates are looked at depends only on the video's frames and
+    detection cadence, never on how frames were chunked or batched with other videos'."""
+
+    boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
+    cuts: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    verdicts: list = field(default_factory=list)
+    ages: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def carry(self, boxes: np.ndarray, cuts: np.ndarray, fresh_ok: set) -> tuple[list[Optional[Verdict]], np.ndarray]:
+        """Per candidate (``boxes`` ``(k, 4)``, ``cuts`` where the frame's edge cuts each), the verdict it carries,
+        or None where it is to be looked at (:meth:`hold` then keeps them), and the ages. One-to-one, the largest
+        overlaps first. A verdict not yet read is carried only from this same detection call (``fresh_ok``, the
+        ids of its verdicts): one of an earlier call unread means that call failed."""
+        carried: list[Optional[Verdict]] = [None] * len(boxes)
+        ages = np.zeros(len(boxes), np.int64)
+        if len(boxes) and len(self.boxes):
+            overlap = iou_pairs(boxes, self.boxes)
+            overlap[cuts[:, None] != self.cuts[None, :]] = 0.0
+            taken = set()
+            for flat in np.argsort(-overlap, axis=None, kind="stable"):
+                c, m = divmod(int(flat), overlap.shape[1])
+                if overlap[c, m] < CARRY_IOU:
+                    break
+                verdict = self.verdicts[m]
+                if carried[c] is not None or m in taken or self.ages[m] + 1 >= LOOK_AGAIN or (
+                        verdict.close is None and id(verdict) not in fresh_ok):
+                    continue
+                carried[c], ages[c] = verdict, self.ages[m] + 1
+                taken.add(m)
+        return carried, ages
+
+    def hold(self, boxes: np.ndarray, cuts: np.ndarray, verdicts: list, ages: np.ndarray) -> None:
+        """These candidates, their verdicts and ages, as the last periodic detection's."""
+        self.boxes, self.cuts, self.verdicts, self.ages = boxes.copy(), cuts.copy(), list(verdicts), ages
 
 
 def best_first(faces: np.ndarray, least: float) -> np.ndarray:

@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 from ..engine.graphs import Graphs, capture_graph
 from .base import DetectorError, FaceDetector
-from .close_look import MMOD_MIN_SIDE, CloseLook, Looking, best_first
+from .close_look import MMOD_MIN_SIDE, CloseLook, Looking, LookMemory, Verdict, best_first
 from .decoding import suppress_sorted
 from .graph_policy import graph_worth_it, pad_rows, padded_count, powers_of_two
 from .transfer import frames_on, frames_to, to_host
@@ -116,11 +116,23 @@ class Part(NamedTuple):
 @dataclass
 class Proposed:
     """A launched detection: its queued parts, the image count and, verified, the images (their candidates' close
-    look needs them)."""
+    look needs them) and each image's video's memory (None: a photo, or a look again)."""
 
     parts: list[Part]
     count: int
     images: Optional[Sequence] = None
+    memory: Optional[Sequence[Optional[LookMemory]]] = None
+
+
+@dataclass
+class Verifying:
+    """A verified detection advanced: each image's candidates, the close look queued for those not carrying a
+    verdict (:class:`.close_look.LookMemory`), and every candidate's verdict (read at :meth:`YuNetDetector.collect`)."""
+
+    candidates: list[np.ndarray]
+    looking: Looking
+    looked: list[np.ndarray]        # per image, the indices of the candidates looked at
+    verdicts: list[list[Verdict]]   # per image, per candidate
 
 
 class YuNetDetector(FaceDetector):
@@ -171,8 +183,11 @@ class YuNetDetector(FaceDetector):
         return self.collect(self.launch(images))
 
     def launch(self, images: Sequence[Union[np.ndarray, torch.Tensor]],
-               small: Optional[Sequence[bool]] = None) -> Proposed:
-        """Queue the network over the images (every face is looked for every time: ``small`` is not needed)."""
+               small: Optional[Sequence[bool]] = None,
+               memory: Optional[Sequence[Optional[LookMemory]]] = None) -> Proposed:
+        """Queue the network over the images (every face is looked for every time: ``small`` is not needed);
+        ``memory``: per image, its video's (a candidate verified at that video's last periodic detection carries
+        its verdict; see :class:`.close_look.LookMemory`) or None (every candidate looked at)."""
         if self.queues:  # host images uploaded once, for the network and the close look
             images = frames_to(self.device, images)
         groups: dict[tuple, list[int]] = {}
@@ -184,31 +199,57 @@ class YuNetDetector(FaceDetector):
             for start in range(0, len(members), most):
                 chunk = members[start:start + most]
                 parts.append(Part(chunk, shape, *self._launch([images[i] for i in chunk], shape)))
-        return Proposed(parts, len(images), images if self.verify else None)
+        return Proposed(parts, len(images), images if self.verify else None,
+                        list(memory) if self.verify and memory is not None else None)
 
-    def advance(self, handle: Union[Proposed, Looking]) -> Union[Proposed, Looking]:
-        """Verified: the candidates read (waiting for the network) and their close look queued; :meth:`collect`
-        then waits for the close look's networks only."""
-        if not self.verify or isinstance(handle, Looking):
+    def advance(self, handle: Union[Proposed, Verifying]) -> Union[Proposed, Verifying]:
+        """Verified: the candidates read (waiting for the network) and the close look queued for those that carry
+        no verdict; :meth:`collect` then waits for the close look's networks only. Call it (or :meth:`collect`) for
+        a video's launches in their order: each reads and updates that video's memory."""
+        if not self.verify or isinstance(handle, Verifying):
             return handle
         floor = min(CANDIDATE_SCORE, self.min_score - HOLD_MARGIN)
         candidates = self._candidates(handle, floor, edge=True)
-        return self.close_look.launch(handle.images, candidates, [c[:, 5] == SIDE_CUT for c in candidates])
+        fresh: set = set()  # this call's verdicts (not read yet, and carried by its later images of a video)
+        looked, verdicts = [], []
+        for i, found in enumerate(candidates):
+            memory = handle.memory[i] if handle.memory is not None else None
+            if memory is None:
+                carried, ages = [None] * len(found), None
+            else:
+                carried, ages = memory.carry(found[:, :4], found[:, 5], fresh)
+            mine = [v if v is not None else Verdict() for v in carried]
+            fresh.update(id(v) for v, c in zip(mine, carried) if c is None)
+            if memory is not None:
+                memory.hold(found[:, :4], found[:, 5], mine, ages)
+            looked.append(np.array([k for k, c in enumerate(carried) if c is None], np.int64))
+            verdicts.append(mine)
+        to_look = [found[k] for found, k in zip(candidates, looked)]
+        looking = self.close_look.launch(handle.images, to_look, [c[:, 5] == SIDE_CUT for c in to_look])
+        return Verifying(candidates, looking, looked, verdicts)
 
-    def collect(self, handle: Union[Proposed, Looking], min_score: Optional[float] = None) -> list[np.ndarray]:
+    def collect(self, handle: Union[Proposed, Verifying], min_score: Optional[float] = None) -> list[np.ndarray]:
         """The faces of a :meth:`launch` (advanced or not) from ``min_score`` (default the threshold); verified, no
         lower than the candidates' floor (see CANDIDATE_SCORE)."""
         least = self.min_score if min_score is None else float(min_score)
         if not self.verify:
             return self._candidates(handle, least)
-        looking = self.advance(handle)
-        out = []
+        verifying = self.advance(handle)
+        looking = verifying.looking
         checks = looking.mmod_per_image() or [None] * len(looking.candidates)
-        for candidates, close, mmod in zip(looking.candidates, looking.per_image(), checks):
+        for looked, verdicts, close, mmod in zip(verifying.looked, verifying.verdicts, looking.per_image(), checks):
+            for j, k in enumerate(looked):
+                verdicts[k].close = float(close[j])
+                if mmod is not None:
+                    verdicts[k].mmod = float(mmod[j])
+        out = []
+        for candidates, verdicts in zip(verifying.candidates, verifying.verdicts):
             faces = candidates[:, :5].copy()  # (the sixth column: where the frame's edge cuts it)
-            if mmod is not None:  # (too small a box: MMOD's look not used, see MMOD_MIN_SIDE)
+            close = np.array([v.close for v in verdicts], np.float64)
+            mmod = None
+            if self.close_look.mmod is not None:  # (too small a box: MMOD's look not used, see MMOD_MIN_SIDE)
                 side = np.maximum(faces[:, 2] - faces[:, 0], faces[:, 3] - faces[:, 1])
-                mmod = np.where(side < MMOD_MIN_SIDE, 1.0, mmod)
+                mmod = np.where(side < MMOD_MIN_SIDE, 1.0, np.array([v.mmod for v in verdicts], np.float64))
             faces[:, 4] = edge_rule(candidates[:, 5], faces[:, 4], close, mmod)
             out.append(best_first(faces, least))
         return out

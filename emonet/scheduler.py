@@ -59,6 +59,7 @@ class QueuedDetection:
     standby: bool = False
     whole_only: frozenset = frozenset()
     standby_wanted: Optional[tuple] = None  # (small,): a standby look the scheduler adds if the detector runs
+    relook_memory: object = None  # what a look again at the chunk's first frame reads (a LookMemory's copy)
     step: Optional["QueuedStep"] = field(default=None, repr=False)
 
 
@@ -145,7 +146,7 @@ class Scheduler:
         entries, frames, small, memory = [], [], [], []
         for entry, picked in planned:
             if entry.standby_wanted and detecting:
-                picked.insert(0, (entry.chunk[0], entry.standby_wanted[0], None))
+                picked.insert(0, (entry.chunk[0], entry.standby_wanted[0], entry.relook_memory))
                 entry.standby, entry.count = True, entry.count + 1
             entries.append(entry)
             frames += [f for f, _, _ in picked]
@@ -180,7 +181,8 @@ class Scheduler:
         # first frame looked at again, every such session's in one call, while the GPU waits.
         relooks = [t for t in takes if t.relook is not None]
         if relooks:
-            handle = self._launch_detector([t.chunk[0] for t in relooks], [t.relook for t in relooks])
+            handle = self._launch_detector([t.chunk[0] for t in relooks], [t.relook for t in relooks],
+                                           [t.memory for t in relooks])
             for take, dets in zip(relooks, self._collect_detector(handle, hold_score)):
                 take.looked_again(dets)
         chunks = [t.session.plan_faces(t) for t in takes]

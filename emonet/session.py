@@ -40,6 +40,7 @@ class _Take:
     boxes: list
     whole_only: set
     relook: Optional[bool] = None
+    memory: Optional[LookMemory] = None  # what the look again reads
 
     def looked_again(self, dets: np.ndarray) -> None:
         """The first frame's look again, done (see :meth:`VideoPipeline.take_detections`)."""
@@ -130,12 +131,15 @@ class VideoPipeline:
             whole_only.discard(chunk[0].index)  # looked at as the look again needs: small faces too
             small[0] = True
         # A periodic detection frame reads and updates the session's memory of verified candidates; a look again
-        # (after a loss) does neither, so what the detector looks at does not depend on when a loss was known.
+        # (after a loss) reads it as it is now, before this chunk (the same whenever the loss was known), and
+        # changes nothing.
         picked = [(f, s, self.look_memory) for f, s, d in zip(chunk, small, flags) if d]
+        again = self.look_memory.copy() if self.look_memory is not None else None
         # A first frame detected anyway is looked at again only after a loss, not twice in every such chunk.
         if not flags[0] and known:  # a loss known now: looked at again in any case
-            picked.insert(0, (chunk[0], relook_small, None))
-        entry = QueuedDetection(self, chunk, flags, len(picked), not flags[0] and known, frozenset(whole_only))
+            picked.insert(0, (chunk[0], relook_small, again))
+        entry = QueuedDetection(self, chunk, flags, len(picked), not flags[0] and known, frozenset(whole_only),
+                                relook_memory=again)
         if not flags[0] and not known and self.standby and self.losing:
             # In standby, where the step's detector runs anyway (the scheduler decides): small faces or not.
             entry.standby_wanted = (relook_small,)
@@ -148,7 +152,7 @@ class VideoPipeline:
         boxes = list(boxes)
         flags, whole_only = entry.flags, set(entry.whole_only)
         standby = boxes.pop(0) if entry.standby else None
-        take = _Take(self, entry.chunk, flags, boxes, whole_only)
+        take = _Take(self, entry.chunk, flags, boxes, whole_only, memory=entry.relook_memory)
         first = entry.chunk[0].index
         small = self.need_detection and self._relook_small(entry.chunk[0].shape)
         looked = flags[0] and (first not in whole_only or not small)

@@ -328,7 +328,9 @@ def test_a_carried_look_needs_the_same_place_and_is_looked_at_again_after_look_a
     carried, ages = memory.carry(box + 5, uncut, set())
     assert carried == [verdict] and ages.tolist() == [1]
     assert memory.carry(box, np.array([2.0]), set())[0] == [None]  # the frame's side cuts it now
-    assert memory.carry(box + 80, uncut, set())[0] == [None]         # elsewhere
+    assert memory.carry(box + [90, 0, 90, 0], uncut, set())[0] == [verdict]   # moved most of its size
+    assert memory.carry(box + [130, 0, 130, 0], uncut, set())[0] == [None]    # elsewhere
+    assert memory.carry(box * [1, 1, 1.5, 1.5], uncut, set())[0] == [None]    # another size
     memory.hold(box, uncut, [verdict], np.array([LOOK_AGAIN - 1]))
     assert memory.carry(box, uncut, set())[0] == [None]              # carried long enough: looked at again
     unread = Verdict()

@@ -20,7 +20,6 @@ import torch
 from ..engine.graphs import Graphs, capture_graph
 from .base import FaceDetector
 from .crops import close_crops, scale_crops
-from .decoding import iou_pairs
 from .graph_policy import pad_rows, padded_count, powers_of_two
 from .mmod import CropScorer, MMODNet
 from .onet import ONET_SIZE, onet_input
@@ -92,11 +91,15 @@ class Looking:
         return np.split(self._host()[:, 1], np.cumsum([len(faces) for faces in self.candidates])[:-1])
 
 
-# A video's candidate whose box overlaps one of its candidates at the last periodic detection by this much or more
-# (in the same place as to the frame's edge) carries that one's close look; a run of carried looks is looked at again
-# every LOOK_AGAIN-th detection (every 5 s at 30 frames/s, a detection every 5 frames), so that what the frame shows
-# there is verified again: a face never carries the look of a thing that took its place for longer.
-CARRY_IOU = 0.5
+# A video's candidate near one of its candidates at the last periodic detection (its centre within CARRY_SHIFT times
+# the larger box's longer side, the two boxes' sizes within CARRY_SIZE of each other, the same as to the frame's edge)
+# carries that one's close look. Near, not overlapping: the bench's clip's face moves three quarters of its box's
+# width between two detections 5 frames apart (a face crossing a 720p frame in three seconds). A run of carried looks
+# is looked at again every LOOK_AGAIN-th detection (every 5 s at 30 frames/s, a detection every 5 frames), so that
+# what the frame shows there is verified again: a face never carries the look of a thing that took its place for
+# longer.
+CARRY_SHIFT = 1.0
+CARRY_SIZE = 1.25
 LOOK_AGAIN = 30
 
 
@@ -113,9 +116,10 @@ class Verdict:
 class LookMemory:
     """A video's (or live stream's) candidates at its last periodic detection, each with the verdict of its close
     look and how many detections in a row that verdict has been carried. One per video, given to the detector with
-    that video's periodic detection frames, in order; a look again after a lost face is not a periodic detection
-    and neither reads nor changes it. So which candidates are looked at depends only on the video's frames and
-    detection cadence, never on how frames were chunked or batched with other videos'."""
+    that video's periodic detection frames, in order; a look again after a lost face, at a chunk's first frame,
+    reads a copy of it as it was after the last periodic detection before that frame and changes nothing. So which
+    candidates are looked at depends only on the video's frames and detection cadence, never on how frames were
+    chunked or batched with other videos' or when a loss was known."""
 
     boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
     cuts: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -124,18 +128,18 @@ class LookMemory:
 
     def carry(self, boxes: np.ndarray, cuts: np.ndarray, fresh_ok: set) -> tuple[list[Optional[Verdict]], np.ndarray]:
         """Per candidate (``boxes`` ``(k, 4)``, ``cuts`` where the frame's edge cuts each), the verdict it carries,
-        or None where it is to be looked at (:meth:`hold` then keeps them), and the ages. One-to-one, the largest
-        overlaps first. A verdict not yet read is carried only from this same detection call (``fresh_ok``, the
+        or None where it is to be looked at (:meth:`hold` then keeps them), and the ages. One-to-one, the
+        nearest first. A verdict not yet read is carried only from this same detection call (``fresh_ok``, the
         ids of its verdicts): one of an earlier call unread means that call failed."""
         carried: list[Optional[Verdict]] = [None] * len(boxes)
         ages = np.zeros(len(boxes), np.int64)
         if len(boxes) and len(self.boxes):
-            overlap = iou_pairs(boxes, self.boxes)
-            overlap[cuts[:, None] != self.cuts[None, :]] = 0.0
+            shift = _shifts(boxes, self.boxes)
+            shift[cuts[:, None] != self.cuts[None, :]] = np.inf
             taken = set()
-            for flat in np.argsort(-overlap, axis=None, kind="stable"):
-                c, m = divmod(int(flat), overlap.shape[1])
-                if overlap[c, m] < CARRY_IOU:
+            for flat in np.argsort(shift, axis=None, kind="stable"):
+                c, m = divmod(int(flat), shift.shape[1])
+                if shift[c, m] > CARRY_SHIFT:
                     break
                 verdict = self.verdicts[m]
                 if carried[c] is not None or m in taken or self.ages[m] + 1 >= LOOK_AGAIN or (
@@ -145,9 +149,24 @@ class LookMemory:
                 taken.add(m)
         return carried, ages
 
+    def copy(self) -> "LookMemory":
+        """As it is now, apart: what a look again at a frame reads (its own carrying then changes nothing here)."""
+        return LookMemory(self.boxes, self.cuts, list(self.verdicts), self.ages)
+
     def hold(self, boxes: np.ndarray, cuts: np.ndarray, verdicts: list, ages: np.ndarray) -> None:
         """These candidates, their verdicts and ages, as the last periodic detection's."""
         self.boxes, self.cuts, self.verdicts, self.ages = boxes.copy(), cuts.copy(), list(verdicts), ages
+
+
+def _shifts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``(len(a), len(b))``: how far each box of ``a`` is from each of ``b`` (``x1, y1, x2, y2``), their centres'
+    distance over the larger box's longer side; inf where their sizes differ by more than CARRY_SIZE."""
+    side = lambda boxes: np.maximum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1])  # noqa: E731
+    centre = lambda boxes: (boxes[:, :2] + boxes[:, 2:4]) / 2  # noqa: E731
+    sa, sb = side(a)[:, None], side(b)[None, :]
+    larger = np.maximum(np.maximum(sa, sb), 1e-6)
+    shift = np.linalg.norm(centre(a)[:, None] - centre(b)[None], axis=2) / larger
+    return np.where(larger <= CARRY_SIZE * np.maximum(np.minimum(sa, sb), 1e-6), shift, np.inf)
 
 
 def best_first(faces: np.ndarray, least: float) -> np.ndarray:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Optional
 
 from ..cli import ToolParser, plural
 from ..errors import InputError
+from ..serve import STREAM_MAX_AGE
 from .common import add_model_arguments, model_options, run_tool
 
 if TYPE_CHECKING:
@@ -69,10 +70,10 @@ def parse_args(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> 
     limits.add_argument("--detect-every", type=int, default=5, metavar="N",
                         help="streams: run the detector every N frames and follow faces between, as emonet-video "
                              "(default: 5)")
-    limits.add_argument("--max-age-ms", type=float, default=50.0, metavar="MS",
+    limits.add_argument("--max-age-ms", type=float, default=STREAM_MAX_AGE * 1000, metavar="MS",
                         help="streams, on a GPU: a frame already this old when its turn comes is answered dropped, "
                              "so an overloaded server answers fresh frames rather than late ones; 0: never for its "
-                             "age (default: 50; on a CPU, where a step takes longer, never)")
+                             "age (default: %(default)g; on a CPU, where a step takes longer, never)")
     limits.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=True,
                         help="temporal smoothing per face in streams (default: on)")
     add_model_arguments(parser, video=True, compile_help=(

@@ -38,6 +38,7 @@ from PIL import Image
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..video.live import FrameError, LiveConfig
+from . import STREAM_MAX_AGE
 from .loop_process import Answer, to_json
 from .pool import LoopPool
 
@@ -65,7 +66,7 @@ class ServeConfig:
     max_batch: int = 64                   # frames per GPU step (every stream's together)
     detect_every: int = 5                 # streams: the detector's period, in frames (as emonet-video's)
     smooth: bool = True                   # streams: temporal smoothing per face (spec §6)
-    max_age: Optional[float] = 0.05       # streams, on a GPU: a frame this old (s) before its turn is dropped
+    max_age: Optional[float] = STREAM_MAX_AGE  # streams, on a GPU: a frame this old (s) before its turn is dropped
     gpu_decode: bool = True               # JPEG frames decoded on the GPU where it can (nvJPEG)
     max_pending: int = 128                # analyze requests in flight at once; beyond, 503 "busy"
     idle_seconds: float = 60.0            # a stream that sends nothing this long is closed

@@ -101,8 +101,8 @@ def test_a_dog_the_detector_passes_is_turned_down_by_the_mmod_look():
     dog = _rgb(DOG)
     assert len(YuNetDetector("cpu", mmod=False).detect([dog])[0]) == 1
     detector = YuNetDetector("cpu")
-    looking = detector.advance(detector.launch([dog]))
-    candidates, mmod = looking.candidates[0], looking.mmod_per_image()[0]
+    verifying = detector.advance(detector.launch([dog]))  # a photo: every candidate looked at, in order
+    candidates, mmod = verifying.candidates[0], verifying.looking.mmod_per_image()[0]
     best = int(np.argmax(candidates[:, 4]))
     assert candidates[best, 5] == END_CUT and mmod[best] == 0.0
 

@@ -36,7 +36,7 @@ class Session(Protocol):
 
     hold_score: Optional[float]
 
-    def plan_detection(self, chunk: list) -> tuple["QueuedDetection", list]: ...
+    def plan_detection(self, chunk: list) -> tuple["QueuedDetection", list]: ...  # [(frame, small, memory)]
 
     def take_detections(self, entry: "QueuedDetection", boxes: list): ...
 
@@ -50,7 +50,8 @@ class Session(Protocol):
 class QueuedDetection:
     """One session's part of a step's detection (see :meth:`Scheduler.detect`): its chunk, which frames the
     detector sees, how many images it gave the detector, whether the first is the chunk's first frame held in
-    standby, and the frames whose detection looks at the whole frame only."""
+    standby, the frames whose detection looks at the whole frame only, and what a look again at the chunk's first
+    frame reads of the session's close looks (a copy of its LookMemory before the chunk)."""
 
     session: Session
     chunk: list                     # emonet.io.video.Frame

@@ -304,7 +304,9 @@ def test_a_video_looks_close_up_once_at_a_face_it_follows_with_the_faces_and_ids
         assert rows[::2] == once[::2]
 
 
-def test_a_dogs_face_turned_down_once_stays_turned_down_while_carried(reference_model):
+def test_a_dogs_face_turned_down_is_looked_at_again_at_every_detection_never_carried(reference_model):
+    # A turned-down verdict is not carried to a later call: the dog stays turned down, and a face first seen in
+    # profile would be looked at again as it turns.
     from emonet.engine import Engine, EngineConfig
     from emonet.io.video import Frame
     from emonet.pipeline import Pipeline
@@ -315,25 +317,73 @@ def test_a_dogs_face_turned_down_once_stays_turned_down_while_carried(reference_
     dog = read_image(DATA / "animals" / "dog.4244.jpg")
     frames = [Frame(index=k, timestamp=k / 30, host=dog) for k in range(6)]
     rows = _video_rows(pipeline, frames, [2] * 3)
-    assert looked == [1, 0, 0] and rows == [[]] * 6
+    assert looked == [1, 1, 1] and rows == [[]] * 6
+
+
+def test_streams_stepped_together_and_looks_again_after_a_loss_give_each_streams_own_rows(reference_model):
+    # Two streams of different faces in one scheduler, stepped together in chunks of one frame, with a look again
+    # at every chunk's first frame (as after a loss, in standby or on its own): each stream's periodic detections
+    # are those of its video alone in chunks of two, and the looks again leave the memory as they found it.
+    from emonet.engine import Engine, EngineConfig
+    from emonet.io.video import Frame
+    from emonet.pipeline import Pipeline
+    from emonet.scheduler import Scheduler
+    from emonet.session import VideoPipeline
+
+    detector = YuNetDetector("cpu")
+    pipeline = Pipeline(Engine(reference_model, "cpu", EngineConfig(warmup=False)), detector)
+    first = _moving_face(6)
+    second = []
+    for k in range(6):
+        image, _ = small_faces_scene(widths=(90,), places=((1400 - 8 * k, 600),))
+        second.append(Frame(index=k, timestamp=k / 30, host=image))
+    alone = [_video_rows(pipeline, frames, [2] * 3) for frames in (first, second)]
+    for standby in (False, True):
+        scheduler = Scheduler(pipeline)
+        sessions = [VideoPipeline(pipeline, detect_every=2, smooth=False, standby=standby, scheduler=scheduler)
+                    for _ in range(2)]
+        rows = [[], []]
+        for k in range(6):
+            for session in sessions:
+                session.need_detection, session.losing = True, True  # a loss known now, or one in standby
+            before = [(s.look_memory.boxes.copy(), list(s.look_memory.verdicts)) for s in sessions]
+            step = scheduler.detect([(sessions[0], [first[k]]), (sessions[1], [second[k]])])
+            if k % 2:  # no periodic frame: the look again changed neither memory
+                for s, (boxes, verdicts) in zip(sessions, before):
+                    np.testing.assert_array_equal(s.look_memory.boxes, boxes)
+                    assert s.look_memory.verdicts == verdicts
+            for session, settled, out in zip(sessions, scheduler.settle(scheduler.launch(step)), rows):
+                out += [[(f.face_id, f.box.tolist(), f.detected, f.score) for f in faces]
+                        for faces in session.results(settled)]
+        for out, own in zip(rows, alone):
+            assert out[::2] == own[::2], standby
 
 
 def test_a_carried_look_needs_the_same_place_and_is_looked_at_again_after_look_again_detections():
     from emonet.detection.close_look import LOOK_AGAIN, LookMemory, Verdict
 
-    box, uncut = np.array([[100.0, 100, 200, 220]]), np.zeros(1)
-    verdict = Verdict(0.9, 0.95)
+    box, uncut, shape = np.array([[100.0, 100, 200, 220]]), np.zeros(1), (720, 1280)
+    verdict = Verdict(0.9, 0.95, face=True)
     memory = LookMemory()
-    memory.hold(box, uncut, [verdict], np.zeros(1, np.int64))
-    carried, ages = memory.carry(box + 5, uncut, set())
+    memory.hold(box, uncut, [verdict], np.zeros(1, np.int64), shape)
+    carried, ages = memory.carry(box + 5, uncut, shape, set())
     assert carried == [verdict] and ages.tolist() == [1]
-    assert memory.carry(box, np.array([2.0]), set())[0] == [None]  # the frame's side cuts it now
-    assert memory.carry(box + [90, 0, 90, 0], uncut, set())[0] == [verdict]   # moved most of its size
-    assert memory.carry(box + [130, 0, 130, 0], uncut, set())[0] == [None]    # elsewhere
-    assert memory.carry(box * [1, 1, 1.5, 1.5], uncut, set())[0] == [None]    # another size
-    memory.hold(box, uncut, [verdict], np.array([LOOK_AGAIN - 1]))
-    assert memory.carry(box, uncut, set())[0] == [None]              # carried long enough: looked at again
+    assert memory.carry(box, np.array([2.0]), shape, set())[0] == [None]  # the frame's side cuts it now
+    assert memory.carry(box + [90, 0, 90, 0], uncut, shape, set())[0] == [verdict]   # moved most of its size
+    assert memory.carry(box + [130, 0, 130, 0], uncut, shape, set())[0] == [None]    # elsewhere
+    assert memory.carry(box * [1, 1, 1.5, 1.5], uncut, shape, set())[0] == [None]    # another size
+    assert memory.carry(box, uncut, (1080, 1920), set())[0] == [None]               # a frame of another size
+    two = np.concatenate([box, box + [60, 0, 60, 0]])
+    assert memory.carry(two, np.zeros(2), shape, set())[0] == [None, None]  # which one is it: both looked at
+    tiny = np.array([[100.0, 100, 126, 126]])  # MMOD does not look under MMOD_MIN_SIDE: no verdict across it
+    memory.hold(tiny, uncut, [verdict], np.zeros(1, np.int64), shape)
+    assert memory.carry(tiny + 3, uncut, shape, set())[0] == [verdict]
+    assert memory.carry(np.array([[100.0, 100, 130, 130]]), uncut, shape, set())[0] == [None]
+    memory.hold(box, uncut, [verdict], np.array([LOOK_AGAIN - 1]), shape)
+    assert memory.carry(box, uncut, shape, set())[0] == [None]              # carried long enough: looked at again
+    memory.hold(box, uncut, [Verdict(0.3, 0.2, face=False)], np.zeros(1, np.int64), shape)
+    assert memory.carry(box, uncut, shape, set())[0] == [None]              # turned down: looked at again
     unread = Verdict()
-    memory.hold(box, uncut, [unread], np.zeros(1, np.int64))
-    assert memory.carry(box, uncut, set())[0] == [None]              # an earlier call's look never read
-    assert memory.carry(box, uncut, {id(unread)})[0] == [unread]     # this call's, read with it
+    memory.hold(box, uncut, [unread], np.zeros(1, np.int64), shape)
+    assert memory.carry(box, uncut, shape, set())[0] == [None]              # an earlier call's look never read
+    assert memory.carry(box, uncut, shape, {id(unread)})[0] == [unread]     # this call's, read with it

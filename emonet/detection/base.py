@@ -34,9 +34,9 @@ class FaceDetector:
         work and returns at once, so the caller can do something else meanwhile; the default just detects.
         ``small`` (per image; default all) says whether to look for faces under :meth:`small_face_limit` too,
         where the detector looks for them apart (a video's frames between two such looks need not).
-        ``memory`` (per image, a video's :class:`~emonet.detection.close_look.LookMemory` or None): where the
-        detector verifies its candidates, one already verified at that video's last periodic detection carries its
-        verdict instead of being looked at again (YuNet's); others ignore it."""
+        ``memory`` (per image, a video's :class:`~emonet.detection.close_look.LookMemory` or None): YuNet's
+        detector lets a candidate verified at that video's last periodic detection carry its verdict instead of
+        being looked at again; every other detector ignores it."""
         return self.detect(images)
 
     def small_face_limit(self, shape: tuple) -> float:

@@ -91,13 +91,14 @@ class Looking:
         return np.split(self._host()[:, 1], np.cumsum([len(faces) for faces in self.candidates])[:-1])
 
 
-# A video's candidate near one of its candidates at the last periodic detection (its centre within CARRY_SHIFT times
-# the larger box's longer side, the two boxes' sizes within CARRY_SIZE of each other, the same as to the frame's edge)
-# carries that one's close look. Near, not overlapping: the bench's clip's face moves three quarters of its box's
-# width between two detections 5 frames apart (a face crossing a 720p frame in three seconds). A run of carried looks
-# is looked at again every LOOK_AGAIN-th detection (every 5 s at 30 frames/s, a detection every 5 frames), so that
-# what the frame shows there is verified again: a face never carries the look of a thing that took its place for
-# longer.
+# A video's candidate near one of its candidates at the last periodic detection that was a face (its centre within
+# CARRY_SHIFT times the larger box's longer side, the two boxes' sizes within CARRY_SIZE of each other, the same as to
+# the frame's edge and to MMOD_MIN_SIDE), and near no other, carries that one's close look. Near, not overlapping: the
+# bench's clip's face moves three quarters of its box's width between two detections 5 frames apart (a face crossing
+# a 720p frame in three seconds). Two faces, or a face and another candidate, that near each other are looked at
+# every time, and so is a candidate turned down (a face turning towards the camera is not held to its profile's
+# look). A run of carried looks is looked at again every LOOK_AGAIN-th detection (every 5 s at 30 frames/s, a
+# detection every 5 frames): a face never carries the look of a thing that took its place for longer.
 CARRY_SHIFT = 1.0
 CARRY_SIZE = 1.25
 LOOK_AGAIN = 30
@@ -105,11 +106,13 @@ LOOK_AGAIN = 30
 
 @dataclass
 class Verdict:
-    """A candidate's close look once read (:meth:`CloseLook.launch`): its score and MMOD's mapped (NaN without
-    MMOD); None until read."""
+    """A candidate's close look once read (:meth:`CloseLook.launch`): its score, MMOD's mapped (NaN without MMOD),
+    and whether the candidate was a face with it (its detector's score from the hold score: only such a verdict is
+    carried to a later detection call); None until read."""
 
     close: Optional[float] = None
     mmod: float = float("nan")
+    face: Optional[bool] = None
 
 
 @dataclass
@@ -119,43 +122,47 @@ class LookMemory:
     that video's periodic detection frames, in order; a look again after a lost face, at a chunk's first frame,
     reads a copy of it as it was after the last periodic detection before that frame and changes nothing. So which
     candidates are looked at depends only on the video's frames and detection cadence, never on how frames were
-    chunked or batched with other videos' or when a loss was known."""
+    chunked or batched with other videos' or when a loss was known. A frame of another size starts it afresh."""
 
     boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
     cuts: np.ndarray = field(default_factory=lambda: np.zeros(0))
     verdicts: list = field(default_factory=list)
     ages: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    shape: Optional[tuple] = None
 
-    def carry(self, boxes: np.ndarray, cuts: np.ndarray, fresh_ok: set) -> tuple[list[Optional[Verdict]], np.ndarray]:
-        """Per candidate (``boxes`` ``(k, 4)``, ``cuts`` where the frame's edge cuts each), the verdict it carries,
-        or None where it is to be looked at (:meth:`hold` then keeps them), and the ages. One-to-one, the
-        nearest first. A verdict not yet read is carried only from this same detection call (``fresh_ok``, the
-        ids of its verdicts): one of an earlier call unread means that call failed."""
+    def carry(self, boxes: np.ndarray, cuts: np.ndarray, shape: tuple,
+              fresh_ok: set) -> tuple[list[Optional[Verdict]], np.ndarray]:
+        """Per candidate of a frame of ``shape`` (``boxes`` ``(k, 4)``, ``cuts`` where the frame's edge cuts each), the
+        verdict it carries, or None where it is to be looked at (:meth:`hold` then keeps them), and the ages. A
+        candidate carries only from the one memory entry near it, near no other candidate (see CARRY_SHIFT). A
+        verdict not yet read is carried only within its own detection call (``fresh_ok``, the ids of that call's
+        verdicts; whether it was a face is known only when the call is collected): one of an earlier call unread
+        means that call failed."""
         carried: list[Optional[Verdict]] = [None] * len(boxes)
         ages = np.zeros(len(boxes), np.int64)
-        if len(boxes) and len(self.boxes):
-            shift = _shifts(boxes, self.boxes)
-            shift[cuts[:, None] != self.cuts[None, :]] = np.inf
-            taken = set()
-            for flat in np.argsort(shift, axis=None, kind="stable"):
-                c, m = divmod(int(flat), shift.shape[1])
-                if shift[c, m] > CARRY_SHIFT:
-                    break
-                verdict = self.verdicts[m]
-                if carried[c] is not None or m in taken or self.ages[m] + 1 >= LOOK_AGAIN or (
-                        verdict.close is None and id(verdict) not in fresh_ok):
-                    continue
-                carried[c], ages[c] = verdict, self.ages[m] + 1
-                taken.add(m)
+        if not len(boxes) or not len(self.boxes) or shape != self.shape:
+            return carried, ages
+        side = lambda b: np.maximum(b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]) < MMOD_MIN_SIDE  # noqa: E731
+        near = (_shifts(boxes, self.boxes) <= CARRY_SHIFT) & (cuts[:, None] == self.cuts[None, :]) & (
+            side(boxes)[:, None] == side(self.boxes)[None, :])
+        for c, m in zip(*np.nonzero(near)):
+            if near[c].sum() > 1 or near[:, m].sum() > 1:
+                continue  # which is which is not sure: looked at
+            verdict = self.verdicts[m]
+            unread_elsewhere = verdict.close is None and id(verdict) not in fresh_ok
+            if self.ages[m] + 1 >= LOOK_AGAIN or unread_elsewhere or verdict.face is False:
+                continue
+            carried[c], ages[c] = verdict, self.ages[m] + 1
         return carried, ages
 
     def copy(self) -> "LookMemory":
         """As it is now, apart: what a look again at a frame reads (its own carrying then changes nothing here)."""
-        return LookMemory(self.boxes, self.cuts, list(self.verdicts), self.ages)
+        return LookMemory(self.boxes, self.cuts, list(self.verdicts), self.ages, self.shape)
 
-    def hold(self, boxes: np.ndarray, cuts: np.ndarray, verdicts: list, ages: np.ndarray) -> None:
-        """These candidates, their verdicts and ages, as the last periodic detection's."""
+    def hold(self, boxes: np.ndarray, cuts: np.ndarray, verdicts: list, ages: np.ndarray, shape: tuple) -> None:
+        """These candidates of a frame of ``shape``, their verdicts and ages, as the last periodic detection's."""
         self.boxes, self.cuts, self.verdicts, self.ages = boxes.copy(), cuts.copy(), list(verdicts), ages
+        self.shape = shape
 
 
 def _shifts(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -214,14 +214,15 @@ class YuNetDetector(FaceDetector):
         looked, verdicts = [], []
         for i, found in enumerate(candidates):
             memory = handle.memory[i] if handle.memory is not None else None
+            shape = tuple(handle.images[i].shape[:2])
             if memory is None:
                 carried, ages = [None] * len(found), None
             else:
-                carried, ages = memory.carry(found[:, :4], found[:, 5], fresh)
+                carried, ages = memory.carry(found[:, :4], found[:, 5], shape, fresh)
             mine = [v if v is not None else Verdict() for v in carried]
             fresh.update(id(v) for v, c in zip(mine, carried) if c is None)
             if memory is not None:
-                memory.hold(found[:, :4], found[:, 5], mine, ages)
+                memory.hold(found[:, :4], found[:, 5], mine, ages, shape)
             looked.append(np.array([k for k, c in enumerate(carried) if c is None], np.int64))
             verdicts.append(mine)
         to_look = [found[k] for found, k in zip(candidates, looked)]
@@ -243,7 +244,8 @@ class YuNetDetector(FaceDetector):
                 if mmod is not None:
                     verdicts[k].mmod = float(mmod[j])
         out = []
-        for candidates, verdicts in zip(verifying.candidates, verifying.verdicts):
+        hold = self.min_score - HOLD_MARGIN
+        for candidates, looked, verdicts in zip(verifying.candidates, verifying.looked, verifying.verdicts):
             faces = candidates[:, :5].copy()  # (the sixth column: where the frame's edge cuts it)
             close = np.array([v.close for v in verdicts], np.float64)
             mmod = None
@@ -251,6 +253,8 @@ class YuNetDetector(FaceDetector):
                 side = np.maximum(faces[:, 2] - faces[:, 0], faces[:, 3] - faces[:, 1])
                 mmod = np.where(side < MMOD_MIN_SIDE, 1.0, np.array([v.mmod for v in verdicts], np.float64))
             faces[:, 4] = edge_rule(candidates[:, 5], faces[:, 4], close, mmod)
+            for k in looked:  # a verdict is carried on only where its own candidate was a face with it
+                verdicts[k].face = bool(faces[k, 4] >= hold)
             out.append(best_first(faces, least))
         return out
 

@@ -19,7 +19,7 @@ import torch
 
 from ..engine.graphs import Graphs, capture_graph
 from .base import FaceDetector
-from .crops import close_crops, scale_crops
+from .crops import close_crops, longer_sides, scale_crops
 from .graph_policy import pad_rows, padded_count, powers_of_two
 from .mmod import CropScorer, MMODNet
 from .onet import ONET_SIZE, onet_input
@@ -142,9 +142,9 @@ class LookMemory:
         ages = np.zeros(len(boxes), np.int64)
         if not len(boxes) or not len(self.boxes) or shape != self.shape:
             return carried, ages
-        side = lambda b: np.maximum(b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]) < MMOD_MIN_SIDE  # noqa: E731
+        tiny, tiny_before = longer_sides(boxes) < MMOD_MIN_SIDE, longer_sides(self.boxes) < MMOD_MIN_SIDE
         near = (_shifts(boxes, self.boxes) <= CARRY_SHIFT) & (cuts[:, None] == self.cuts[None, :]) & (
-            side(boxes)[:, None] == side(self.boxes)[None, :])
+            tiny[:, None] == tiny_before[None, :])
         for c, m in zip(*np.nonzero(near)):
             if near[c].sum() > 1 or near[:, m].sum() > 1:
                 continue  # which is which is not sure: looked at
@@ -168,9 +168,8 @@ class LookMemory:
 def _shifts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``(len(a), len(b))``: how far each box of ``a`` is from each of ``b`` (``x1, y1, x2, y2``), their centres'
     distance over the larger box's longer side; inf where their sizes differ by more than CARRY_SIZE."""
-    side = lambda boxes: np.maximum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1])  # noqa: E731
     centre = lambda boxes: (boxes[:, :2] + boxes[:, 2:4]) / 2  # noqa: E731
-    sa, sb = side(a)[:, None], side(b)[None, :]
+    sa, sb = longer_sides(a)[:, None], longer_sides(b)[None, :]
     larger = np.maximum(np.maximum(sa, sb), 1e-6)
     shift = np.linalg.norm(centre(a)[:, None] - centre(b)[None], axis=2) / larger
     return np.where(larger <= CARRY_SIZE * np.maximum(np.minimum(sa, sb), 1e-6), shift, np.inf)

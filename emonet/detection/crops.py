@@ -15,6 +15,11 @@ import torch
 from .transfer import frames_on, to_device
 
 
+def longer_sides(boxes: np.ndarray) -> np.ndarray:
+    """Each ``x1, y1, x2, y2`` box's longer side: ``(k, 4)`` -> ``(k,)``."""
+    return np.maximum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1])
+
+
 def zoomed_crops(image: Union[np.ndarray, torch.Tensor], boxes: np.ndarray, zooms: Sequence[float], size: int,
                  device: torch.device) -> torch.Tensor:
     """Square crops ``zoom`` times each box's longer side around its centre (black beyond the image), each
@@ -131,7 +136,7 @@ def _crop_plan(boxes: Sequence[np.ndarray], firsts: Sequence[int], zooms: Sequen
     zooms = np.asarray(zooms, np.float64)
     counts = np.array([len(b) for b in boxes])
     these = np.concatenate(boxes)
-    sides = np.maximum(zooms[None, :] * np.maximum(these[:, 2] - these[:, 0], these[:, 3] - these[:, 1])[:, None], 2.0)
+    sides = np.maximum(zooms[None, :] * longer_sides(these)[:, None], 2.0)
     image = np.repeat(np.arange(len(boxes)), counts * len(zooms))
     # Each box's crops go to rows from its image's first row on, zoom by zoom.
     box_rows = np.repeat(np.asarray(firsts) - np.cumsum(np.r_[0, counts[:-1]]), counts) + np.arange(len(these))

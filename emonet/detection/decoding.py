@@ -125,17 +125,11 @@ def suppress_sorted(boxes: np.ndarray, counts: np.ndarray, iou: float = 0.3) -> 
 
 def _iou_matrix(boxes: np.ndarray) -> np.ndarray:
     """IoU of every pair of ``x1, y1, x2, y2`` boxes ``(..., M, 4)`` -> ``(..., M, M)`` (0 where the union is empty)."""
-    return iou_pairs(boxes, boxes)
-
-
-def iou_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU of every ``x1, y1, x2, y2`` box of ``a`` ``(..., M, 4)`` with every one of ``b`` ``(..., N, 4)`` ->
-    ``(..., M, N)`` (0 where the union is empty)."""
-    first, second = a[..., :, None, :], b[..., None, :, :]
+    first, second = boxes[..., :, None, :], boxes[..., None, :, :]
     w = np.clip(np.minimum(first[..., 2], second[..., 2]) - np.maximum(first[..., 0], second[..., 0]), 0, None)
     h = np.clip(np.minimum(first[..., 3], second[..., 3]) - np.maximum(first[..., 1], second[..., 1]), 0, None)
     inter = w * h
-    area = lambda boxes: (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])  # noqa: E731
-    union = area(a)[..., :, None] + area(b)[..., None, :] - inter
+    areas = (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+    union = areas[..., :, None] + areas[..., None, :] - inter
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)

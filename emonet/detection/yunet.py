@@ -25,6 +25,7 @@ from torch.nn import functional as F
 from ..engine.graphs import Graphs, capture_graph
 from .base import DetectorError, FaceDetector
 from .close_look import MMOD_MIN_SIDE, CloseLook, Looking, LookMemory, Verdict, best_first
+from .crops import longer_sides
 from .decoding import suppress_sorted
 from .graph_policy import graph_worth_it, pad_rows, padded_count, powers_of_two
 from .transfer import frames_on, frames_to, to_host
@@ -250,8 +251,7 @@ class YuNetDetector(FaceDetector):
             close = np.array([v.close for v in verdicts], np.float64)
             mmod = None
             if self.close_look.mmod is not None:  # (too small a box: MMOD's look not used, see MMOD_MIN_SIDE)
-                side = np.maximum(faces[:, 2] - faces[:, 0], faces[:, 3] - faces[:, 1])
-                mmod = np.where(side < MMOD_MIN_SIDE, 1.0, np.array([v.mmod for v in verdicts], np.float64))
+                mmod = np.where(longer_sides(faces) < MMOD_MIN_SIDE, 1.0, np.array([v.mmod for v in verdicts], np.float64))
             faces[:, 4] = edge_rule(candidates[:, 5], faces[:, 4], close, mmod)
             for k in looked:  # a verdict is carried on only where its own candidate was a face with it
                 verdicts[k].face = bool(faces[k, 4] >= hold)

@@ -183,34 +183,28 @@ def _label(face: FaceResult, class_names: Sequence[str], size: int, thick: int, 
     return label_sprite(lines, fs, thick)
 
 
-def _overlap(a: tuple, rects: list) -> int:
-    """Area of ``a`` (x0, y0, x1, y1) covered by ``rects``, summed."""
-    total = 0
-    for b in rects:
-        w, h = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
-        if w > 0 and h > 0:
-            total += w * h
-    return total
-
-
-def _best(candidates: list, width: int, height: int, area: tuple, avoid: list) -> tuple[int, int]:
-    """The first candidate corner (x, y) of a ``width`` x ``height`` mark, moved inside ``area`` (x0, y0, x1,
-    y1), that covers nothing in ``avoid``; else the one that covers least."""
-    return _best_with_cost(candidates, width, height, area, avoid)[0]
+def _costs(candidates: list, width: int, height: int, area: tuple, avoid: list) -> tuple[np.ndarray, np.ndarray]:
+    """Each candidate corner (x, y) of a ``width`` x ``height`` mark moved inside ``area`` (x0, y0, x1, y1),
+    ``(C, 2)``, and the area of ``avoid``'s rectangles (x0, y0, x1, y1) it covers, summed, ``(C,)``: all
+    candidates against all rectangles at once (this runs for every face of every drawn frame)."""
+    at = np.asarray(candidates, np.int64).reshape(-1, 2)
+    x = np.minimum(np.maximum(at[:, 0], area[0]), max(area[0], area[2] - width))
+    y = np.minimum(np.maximum(at[:, 1], area[1]), max(area[1], area[3] - height))
+    at = np.column_stack([x, y])
+    if not len(avoid):
+        return at, np.zeros(len(at), np.int64)
+    r = np.asarray(avoid, np.int64).reshape(-1, 4)
+    w = np.minimum(x[:, None] + width, r[:, 2]) - np.maximum(x[:, None], r[:, 0])
+    h = np.minimum(y[:, None] + height, r[:, 3]) - np.maximum(y[:, None], r[:, 1])
+    return at, (np.maximum(w, 0) * np.maximum(h, 0)).sum(1)
 
 
 def _best_with_cost(candidates: list, width: int, height: int, area: tuple, avoid: list) -> tuple[tuple[int, int], int]:
-    """:func:`_best`, and the area it covers."""
-    best, best_cost = None, None
-    for x, y in candidates:
-        x = min(max(x, area[0]), max(area[0], area[2] - width))
-        y = min(max(y, area[1]), max(area[1], area[3] - height))
-        cost = _overlap((x, y, x + width, y + height), avoid)
-        if best_cost is None or cost < best_cost:
-            best, best_cost = (x, y), cost
-            if cost == 0:
-                break
-    return best, best_cost
+    """The first candidate corner (x, y) of a ``width`` x ``height`` mark, moved inside ``area`` (x0, y0, x1,
+    y1), that covers nothing in ``avoid``; else the first that covers least; and the area it covers."""
+    at, cost = _costs(candidates, width, height, area, avoid)
+    k = int(np.argmin(cost))  # the first of the least
+    return (int(at[k, 0]), int(at[k, 1])), int(cost[k])
 
 
 def place_faces(faces: Sequence[FaceResult], class_names: Sequence[str], shape: tuple[int, ...], top: int = 0,
@@ -231,17 +225,20 @@ def place_faces(faces: Sequence[FaceResult], class_names: Sequence[str], shape: 
         sprite = _label(face, class_names, size, thick, labels[i] if labels is not None else None)
         lh, lw = sprite.shape[:2]
         # Its own landmarks, where they reach past the box (a chin, a turned head), are not covered either.
-        own = [(x, y, x + 1, y + 1) for x, y in np.asarray(face.landmarks, np.float64).reshape(-1, 2).astype(int).tolist()]
+        points = np.asarray(face.landmarks, np.float64).reshape(-1, 2).astype(np.int64)
+        own = np.concatenate([points, points + 1], 1)  # one-pixel rectangles
         # Above the box, below it, inside its top, then beside it; clear of the box's line (it is drawn
         # ``thick`` wide, centred on the box's edge).
         gap = thick // 2 + 2
         candidates = [(x1, y1 - lh - gap), (x1, y2 + gap), (x2 - lw, y1 - lh - gap), (x2 - lw, y2 + gap),
                       (x1 + gap, y1 + gap), (x2 + gap, y1), (x1 - lw - gap, y1)]
         # Other faces and marks first; then the fewest of its own landmarks.
-        (lx, ly), cost = _best_with_cost(candidates, lw, lh, area, others + taken)
-        if cost == 0 and own:
-            free = [c for c in candidates if _best_with_cost([c], lw, lh, area, others + taken)[1] == 0]
-            lx, ly = _best(free, lw, lh, area, own)
+        at, cost = _costs(candidates, lw, lh, area, others + taken)
+        free = at[cost == 0]
+        if len(free) and len(own):
+            at, cost = _costs(free, lw, lh, area, own)
+        k = int(np.argmin(cost))  # the first of the least
+        lx, ly = int(at[k, 0]), int(at[k, 1])
         taken.append((lx, ly, lx + lw, ly + lh))
         # Beside the box (right, then left), then below and above it; smaller where there is no room for it
         # clear of the face (a tight portrait), rather than over it.

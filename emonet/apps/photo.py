@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
@@ -88,7 +89,9 @@ def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.nda
     from ..provenance import provenance
     from ..timing import LatencyTimer
 
-    model = model_options(args)
+    # One photo: the CUDA graphs that later images would replay are not captured (their capture, beside the
+    # first image, only delayed it); it runs the same kernels eagerly.
+    model = replace(model_options(args), cuda_graphs=len(paths) > 1)
     pipeline = build_pipeline(model, refine=args.refine)
     engine, detector = pipeline.engine, pipeline.detector
     startup.mark("model, engine and detector")

@@ -36,12 +36,13 @@ def _hopper() -> np.ndarray:
 @pytest.mark.parametrize("path", PHOTOS, ids=lambda p: p.name)
 def test_the_network_finds_what_opencvs_facedetectoryn_finds_with_the_original_onnx(path):
     # The shipped weights (converted from the training checkpoint) against the repository's own ONNX export run by
-    # OpenCV's implementation (its padding, decoding and NMS): the same faces, boxes and scores.
+    # OpenCV's implementation (its padding, decoding and NMS): the same faces, boxes and scores (the network alone:
+    # without the frame mirrored past its sides).
     bgr = cv2.imread(str(path))
     h, w = bgr.shape[:2]
     theirs = cv2.FaceDetectorYN.create(str(DATA / "yunet_n_dynamic.onnx"), "", (w, h), 0.5, 0.3, 5000)
     _, faces = theirs.detect(bgr)
-    ours = YuNetDetector("cpu", max_side=10_000, min_score=0.5, verify=False).detect([bgr[..., ::-1].copy()])[0]
+    ours = YuNetDetector("cpu", max_side=10_000, min_score=0.5, verify=False, mirror=False).detect([bgr[..., ::-1].copy()])[0]
     assert faces is not None and len(ours) == len(faces)
     faces = faces[np.argsort(-faces[:, 14], kind="stable")]
     np.testing.assert_allclose(ours[:, :4], np.c_[faces[:, :2], faces[:, :2] + faces[:, 2:4]], atol=0.01)
@@ -96,6 +97,21 @@ def test_a_face_the_frames_side_cuts_through_its_middle_is_found(detector, path)
         h, w = cut.shape[:2]
         visible = np.clip(np.array([x1 - left, y1, x2 - left, y2]), 0, [w, h, w, h])
         assert iou(face, visible) > 0.5 and face[4] >= DEFAULT_MIN_SCORE, (face, visible)
+
+
+@pytest.mark.parametrize("name, side", [("biden.jpg", "right"), ("obama.jpg", "left")])
+def test_a_face_mostly_outside_the_frame_is_proposed_from_the_frame_mirrored_past_its_side(detector, name, side):
+    # 58 % of the face outside: the network alone proposes nothing; seeing the frame mirrored past that side
+    # (SIDE_PAD), it proposes the face, and the close look (mirrored there too) passes it.
+    image = read_image(DATA / "portraits" / name)
+    x1, y1, x2, y2 = detector.detect([image])[0][0, :4]
+    cut_at = int(round(x1 + 0.58 * (x2 - x1))) if side == "left" else int(round(x2 - 0.58 * (x2 - x1)))
+    cut = np.ascontiguousarray(image[:, cut_at:] if side == "left" else image[:, :cut_at])
+    assert len(YuNetDetector("cpu", mirror=False).detect([cut])[0]) == 0
+    (face,) = detector.detect([cut])[0]
+    left = cut_at if side == "left" else 0
+    visible = np.clip(np.array([x1 - left, y1, x2 - left, y2]), 0, [cut.shape[1], cut.shape[0]] * 2)
+    assert iou(face, visible) > 0.3 and face[4] >= DEFAULT_MIN_SCORE + 0.03, (face, visible)
 
 
 def test_things_that_are_not_faces_cut_by_the_frames_edge_are_not_reported():

@@ -61,6 +61,12 @@ WHOLE_AT_END = 1.25
 # chin the frame cuts, where YuNet's box stops a few pixels short of the edge (MMOD's look, black past the edge,
 # turned such faces down; the close look passes them).
 NEAR_END = 0.03
+# A face the frame's left or right edge cuts is proposed from the frame mirrored past that edge, as the close look
+# then sees it: the network's input holds this many columns of the scaled frame reflected on each side, one cell of
+# its coarsest level, so the points of the frame's inside fall on the grid they did. Half outside, cut faces were
+# found far more often (docs/PERFORMANCE.md, Face detection); a face's mirror image, centred out past the edge, is
+# dropped before suppression.
+SIDE_PAD = CELL
 NMS_IOU = 0.3            # as OpenCV's FaceDetectorYN samples use it
 # A YuNet box becomes a crop as BlazeFace's does (base.FaceDetector), with its own constants: the medians that put
 # its crops where BlazeFace's are, over 425 faces of 20-600 px in ordinary photos (alike for small and large faces;
@@ -79,14 +85,22 @@ MAX_BATCH = 16
 # folded").
 
 
-def input_geometry(shape: tuple,
-                   max_side: int = MAX_SIDE) -> tuple[tuple[int, int], tuple[int, int], tuple[float, float]]:
-    """For an image of ``shape``: its scaled size ``(h, w)``, the network's input size ``(H, W)`` and the scales
+def input_geometry(shape: tuple, max_side: int = MAX_SIDE,
+                   mirror: bool = True) -> tuple[tuple[int, int], tuple[int, int], tuple[float, float]]:
+    """For an image of ``shape``: its scaled size ``(h, w)``, the network's input size ``(H, W)`` (SIDE_PAD on
+    each side included) and the scales
     ``(x, y)`` from the image to the scaled image (each side rounded on its own)."""
     h, w = shape[:2]
     scale = min(1.0, max_side / max(h, w))
     nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-    return (nh, nw), (-(-nh // CELL) * CELL, -(-nw // CELL) * CELL), (nw / w, nh / h)
+    pad = side_pad(nw) if mirror else 0
+    return (nh, nw), (-(-nh // CELL) * CELL, -(-(nw + 2 * pad) // CELL) * CELL), (nw / w, nh / h)
+
+
+def side_pad(width: int) -> int:
+    """The columns of the frame mirrored on each side of a scaled image ``width`` wide (SIDE_PAD; none for an
+    image too narrow to mirror so)."""
+    return SIDE_PAD if width > SIDE_PAD else 0
 
 
 def edge_rule(cut: np.ndarray, yunet: np.ndarray, close: np.ndarray, mmod: Optional[np.ndarray] = None) -> np.ndarray:
@@ -146,10 +160,11 @@ class YuNetDetector(FaceDetector):
 
     def __init__(self, device: Union[str, torch.device] = "cpu", weights: Union[str, Path, None] = None,
                  min_score: Optional[float] = None, max_side: int = MAX_SIDE, cuda_graphs: bool = True,
-                 background: bool = False, verify: bool = True, mmod: bool = True) -> None:
+                 background: bool = False, verify: bool = True, mmod: bool = True, mirror: bool = True) -> None:
         """``max_side``: an image's long side is scaled down to this (small faces shrink with it); ``background``: on
         a GPU, graphs are captured in a thread of their own while the first images run the network eagerly (the same
-        kernels: the same detections); ``mmod``: verified, the close look's MMOD look too (see :func:`edge_rule`)."""
+        kernels: the same detections); ``mmod``: verified, the close look's MMOD look too (see :func:`edge_rule`);
+        ``mirror``: the network also sees the frame mirrored past its left and right edges (SIDE_PAD)."""
         path = Path(weights) if weights else WEIGHTS
         if not path.is_file():
             raise DetectorError(f"YuNet weights not found at {path}; reinstall emonet (the file ships with the "
@@ -165,6 +180,7 @@ class YuNetDetector(FaceDetector):
         self.verify = verify
         self.min_score = DEFAULT_MIN_SCORE if min_score is None else float(min_score)
         self.max_side = int(max_side)
+        self.mirror = mirror
         self.background = background
         self.cuda_graphs = cuda_graphs and self.queues
         self._graphs = Graphs(self.device, self._capture) if self.cuda_graphs else None
@@ -299,14 +315,22 @@ class YuNetDetector(FaceDetector):
     def _launch(self, images: Sequence[Union[np.ndarray, torch.Tensor]], shape: tuple) -> tuple:
         """Queue the network on images of one size: their best points on their way to the host, the event, the
         scales."""
-        (nh, nw), (H, W), scale = input_geometry(shape, self.max_side)
+        (nh, nw), (H, W), scale = input_geometry(shape, self.max_side, self.mirror)
         with torch.inference_mode():
             x = frames_on(self.device, images)  # (B, 3, h, w) RGB
             if (nh, nw) != tuple(shape[:2]):
                 x = F.interpolate(x, size=(nh, nw), mode="bilinear", antialias=True, align_corners=False)
+            pad = side_pad(nw) if self.mirror else 0
+            if pad:  # the frame mirrored past its left and right edges (see SIDE_PAD)
+                x = F.pad(x, (pad, pad, 0, 0), mode="reflect")
             batch = x.new_zeros((len(images), 3, H, W))
-            batch[:, :, :nh, :nw] = x.flip(1)  # BGR, as the network was trained
+            batch[:, :, :nh, :nw + 2 * pad] = x.flip(1)  # BGR, as the network was trained
             rows = self._forward(batch)[:len(images)]
+            if pad:  # into the scaled image's pixels; a face's mirror image, out past the edge, is not a face
+                rows = rows.clone()
+                rows[..., 1:15:2] -= pad
+                centre, quarter = (rows[..., 1] + rows[..., 3]) / 2, (rows[..., 3] - rows[..., 1]) / 4
+                rows[..., 0].masked_fill_((centre < -quarter) | (centre > nw + quarter), -1.0)
             best = rows[..., 0].topk(min(TOP_K, rows.shape[1]), dim=1).indices
             rows = rows.gather(1, best[..., None].expand(-1, -1, rows.shape[2]))
             return (*to_host(rows), scale)
@@ -341,7 +365,7 @@ class YuNetDetector(FaceDetector):
         if self.close_look is not None:  # a blank image has no candidate: the close look on a made-up one
             self.close_look.warmup(shape)
         if self.background and self._graphs is not None:
-            _, size, _ = input_geometry(shape, self.max_side)
+            _, size, _ = input_geometry(shape, self.max_side, self.mirror)
             self._sizes_seen[size] = max(self._sizes_seen.get(size, 0), 1)  # the frames to come run as graphs
             self._graphs.prepare([(b, *size) for b in powers_of_two(MAX_BATCH)][::-1])
             if self.close_look is not None:

@@ -31,8 +31,6 @@ class ModelOptions:
     detector: str = DEFAULT_DETECTOR       # yunet, blazeface, sfd or none
     min_score: Optional[float] = None      # None: the detector's default
     compile: bool = False                  # auto on a GPU compiles its one batch shape (a long-lived process)
-    cuda_graphs: bool = True               # False: a job too short to repay capturing graphs (one photo) runs
-                                           # every network eagerly: the same kernels, the same numbers
 
 
 # What bf16 does to the numbers, measured on a well-conditioned checkpoint over real face crops
@@ -74,8 +72,6 @@ def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
     device = select_device(options.device, log=log)
     config = engine_config(options.engine, device, deterministic=options.deterministic, precision=precision,
                            compiled=options.compile)
-    if not options.cuda_graphs:
-        config = replace(config, cuda_graphs=False)
     # One batch shape: cuDNN's heuristics choose its kernels (autotuning chose by timing, differently from
     # one process to the next, and ran no faster at that shape).
     autotune = options.cudnn_benchmark and not config.fixed_batch

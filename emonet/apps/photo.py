@@ -6,7 +6,6 @@ import csv
 import io
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
@@ -89,9 +88,7 @@ def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.nda
     from ..provenance import provenance
     from ..timing import LatencyTimer
 
-    # One photo: the CUDA graphs that later images would replay are not captured (their capture, beside the
-    # first image, only delayed it); it runs the same kernels eagerly.
-    model = replace(model_options(args), cuda_graphs=len(paths) > 1)
+    model = model_options(args)
     pipeline = build_pipeline(model, refine=args.refine)
     engine, detector = pipeline.engine, pipeline.detector
     startup.mark("model, engine and detector")

@@ -87,3 +87,25 @@ def test_counts_over_the_servers_limit_are_said_and_not_run_and_a_clip_it_cannot
                       (hollow, f"error: {empty}: a video with no frames")):
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
         assert out.stderr.strip().splitlines()[-1].startswith(line)
+
+
+def test_client_processes_results_merge_into_one_every_count_added_and_every_list_joined():
+    from dataclasses import fields
+
+    from emonet.bench.load import LoadResult
+
+    def part(k: int) -> LoadResult:
+        # Every field set, so a field left out of the merge shows as missing below.
+        result = LoadResult(16, 30.0, mean_batch=7.0)
+        for f in fields(LoadResult):
+            value = getattr(result, f.name)
+            if f.name not in ("streams", "fps", "mean_batch"):
+                setattr(result, f.name, [f"{f.name}{k}"] if isinstance(value, list) else k + 1)
+        return result
+
+    merged = LoadResult.merged(32, 30.0, [part(1), part(2)])
+    assert (merged.streams, merged.fps, merged.mean_batch) == (32, 30.0, None)
+    for f in fields(LoadResult):
+        if f.name not in ("streams", "fps", "mean_batch"):
+            value = getattr(merged, f.name)
+            assert value == ([f"{f.name}1", f"{f.name}2"] if isinstance(value, list) else 5), f.name

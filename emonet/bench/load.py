@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -46,6 +46,16 @@ class LoadResult:
     refused: int = 0                                         # streams the server refused or closed early
     mean_batch: Optional[float] = None                       # frames per step during the run
 
+    @classmethod
+    def merged(cls, streams: int, fps: float, parts: Sequence["LoadResult"]) -> "LoadResult":
+        """The results of several client processes' streams as one: every count added and every list joined (all
+        fields but the run's own: streams, fps and the server's frames per step)."""
+        result = cls(streams, fps)
+        for f in fields(cls):
+            if f.name not in _RUN_FIELDS:
+                setattr(result, f.name, sum((getattr(part, f.name) for part in parts), getattr(result, f.name)))
+        return result
+
     @property
     def lost(self) -> int:
         """Frames sent and never answered (neither read nor said dropped)."""
@@ -61,6 +71,8 @@ class LoadResult:
                 f"{self.lost} | {self.out_of_order} | {p(50, self.round_trips)} | {p(99, self.round_trips)} | "
                 f"{p(50, self.latencies)} | {p(99, self.latencies)} | {batch} |")
 
+
+_RUN_FIELDS = ("streams", "fps", "mean_batch")  # a run's own, not its client processes' sums
 
 HEADER = ("| streams | frames/s sent each | sent | answered | dropped | never answered | out of order | "
           "**round trip p50 (ms)** | **p99 (ms)** | server p50 (ms) | server p99 (ms) | frames per step |\n"
@@ -160,17 +172,7 @@ def run_load(url: str, frames: list[bytes], streams: int, fps: float = 30.0, sec
     else:
         with ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("spawn")) as pool:
             parts = list(pool.map(_run_share, *zip(*[(url, frames, n, fps, seconds) for n in shares])))
-        result = LoadResult(streams, fps)
-        for part in parts:
-            result.sent += part.sent
-            result.answered += part.answered
-            result.dropped += part.dropped
-            result.out_of_order += part.out_of_order
-            result.errors += part.errors
-            result.latencies += part.latencies
-            result.round_trips += part.round_trips
-            result.firsts += part.firsts
-            result.refused += part.refused
+        result = LoadResult.merged(streams, fps, parts)
     after = _batches(url)
     if after[1] > before[1]:
         result.mean_batch = (after[0] - before[0]) / (after[1] - before[1])

@@ -114,6 +114,23 @@ def test_a_face_mostly_outside_the_frame_is_proposed_from_the_frame_mirrored_pas
     assert iou(face, visible) > 0.3 and face[4] >= DEFAULT_MIN_SCORE + 0.03, (face, visible)
 
 
+def test_the_mirrored_sides_leave_faces_inside_the_frame_where_they_were_and_propose_no_mirror_image():
+    # The pad is one cell of the coarsest level: a face away from the sides gets the network's own box.
+    mirrored, alone = YuNetDetector("cpu", verify=False), YuNetDetector("cpu", verify=False, mirror=False)
+    for image in (_sample("astronaut"), *(read_image(p) for p in PHOTOS[1:])):
+        ours, theirs = mirrored.detect([image])[0], alone.detect([image])[0]
+        inside = lambda boxes: boxes[np.minimum(boxes[:, 0], image.shape[1] - boxes[:, 2]) > 64]
+        assert len(inside(ours)) == len(inside(theirs)) >= 1
+        np.testing.assert_allclose(inside(ours)[:, :4], inside(theirs)[:, :4], atol=0.25)
+    # A face just inside the right side: its mirror image past the side is dropped, even from 0.3.
+    image = read_image(DATA / "portraits" / "biden.jpg")
+    x2 = int(alone.detect([image])[0][0, 2])
+    cut = np.ascontiguousarray(image[:, :x2 + 4])
+    boxes = YuNetDetector("cpu", verify=False, min_score=0.3).detect([cut])[0]
+    centre, quarter = (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 2] - boxes[:, 0]) / 4
+    assert len(boxes) and np.all((centre >= -quarter) & (centre <= cut.shape[1] + quarter)), boxes
+
+
 def test_things_that_are_not_faces_cut_by_the_frames_edge_are_not_reported():
     # A box the frame's edge cuts keeps YuNet's own score (the close look cannot judge it): non-faces cut at each
     # side still stay 0.1 under the threshold.

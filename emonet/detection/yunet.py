@@ -325,14 +325,16 @@ class YuNetDetector(FaceDetector):
                 x = F.pad(x, (pad, pad, 0, 0), mode="reflect")
             batch = x.new_zeros((len(images), 3, H, W))
             batch[:, :, :nh, :nw + 2 * pad] = x.flip(1)  # BGR, as the network was trained
-            rows = self._forward(batch)[:len(images)]
-            if pad:  # into the scaled image's pixels; a face's mirror image, out past the edge, is not a face
-                rows = rows.clone()
-                rows[..., 1:15:2] -= pad
-                centre, quarter = (rows[..., 1] + rows[..., 3]) / 2, (rows[..., 3] - rows[..., 1]) / 4
-                rows[..., 0].masked_fill_((centre < -quarter) | (centre > nw + quarter), -1.0)
-            best = rows[..., 0].topk(min(TOP_K, rows.shape[1]), dim=1).indices
+            rows = self._forward(batch)[:len(images)]  # (under a graph, its output: read, never written)
+            score = rows[..., 0]
+            if pad:  # a face's mirror image, centred out past the edge, is not a face
+                centre, quarter = (rows[..., 1] + rows[..., 3]) / 2 - pad, (rows[..., 3] - rows[..., 1]) / 4
+                score = score.masked_fill((centre < -quarter) | (centre > nw + quarter), -1.0)
+            best = score.topk(min(TOP_K, rows.shape[1]), dim=1).indices
             rows = rows.gather(1, best[..., None].expand(-1, -1, rows.shape[2]))
+            if pad:  # the kept points' x into the scaled image's pixels
+                rows[..., 0] = score.gather(1, best)
+                rows[..., 1:15:2] -= pad
             return (*to_host(rows), scale)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:

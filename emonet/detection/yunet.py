@@ -5,7 +5,8 @@ The weights ship with this package (``yunet.pth``, converted once from libfacede
 ``tools/convert_yunet.py``, which checks the network against OpenCV's ``FaceDetectorYN``; Apache-2.0, see
 ``NOTICE.yunet``). Works offline.
 
-An image is scaled to at most MAX_SIDE on its long side (never up), its sides padded with black to multiples of 32.
+An image is scaled to at most MAX_SIDE on its long side (never up), SIDE_PAD columns of it mirrored past its left
+and right edges, then padded with black to multiples of 32.
 On a GPU the resizing runs there, the network runs as a CUDA graph per input size and batch, and only each image's
 TOP_K best points come back to the host, where the boxes over the threshold are kept after non-maximum suppression.
 Verified (the default), each candidate is then looked at close up (:mod:`.close_look`). A candidate the frame's left or

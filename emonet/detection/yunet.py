@@ -88,9 +88,9 @@ MAX_BATCH = 16
 
 def input_geometry(shape: tuple, max_side: int = MAX_SIDE,
                    mirror: bool = True) -> tuple[tuple[int, int], tuple[int, int], tuple[float, float]]:
-    """For an image of ``shape``: its scaled size ``(h, w)``, the network's input size ``(H, W)`` (SIDE_PAD on
-    each side included) and the scales
-    ``(x, y)`` from the image to the scaled image (each side rounded on its own)."""
+    """For an image of ``shape``: its scaled size ``(h, w)``, the network's input size ``(H, W)`` (with ``mirror``,
+    SIDE_PAD columns on each side included) and the scales ``(x, y)`` from the image to the scaled image (each side
+    rounded on its own)."""
     h, w = shape[:2]
     scale = min(1.0, max_side / max(h, w))
     nh, nw = max(1, round(h * scale)), max(1, round(w * scale))

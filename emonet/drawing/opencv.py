@@ -202,8 +202,12 @@ def _costs(candidates: list, width: int, height: int, area: tuple, avoid: list) 
 def _best_with_cost(candidates: list, width: int, height: int, area: tuple, avoid: list) -> tuple[tuple[int, int], int]:
     """The first candidate corner (x, y) of a ``width`` x ``height`` mark, moved inside ``area`` (x0, y0, x1,
     y1), that covers nothing in ``avoid``; else the first that covers least; and the area it covers."""
-    at, cost = _costs(candidates, width, height, area, avoid)
-    k = int(np.argmin(cost))  # the first of the least
+    return _first_least(*_costs(candidates, width, height, area, avoid))
+
+
+def _first_least(at: np.ndarray, cost: np.ndarray) -> tuple[tuple[int, int], int]:
+    """The first corner of ``at`` ``(C, 2)`` whose ``cost`` is least, and that cost."""
+    k = int(np.argmin(cost))
     return (int(at[k, 0]), int(at[k, 1])), int(cost[k])
 
 
@@ -237,8 +241,7 @@ def place_faces(faces: Sequence[FaceResult], class_names: Sequence[str], shape: 
         free = at[cost == 0]
         if len(free) and len(own):
             at, cost = _costs(free, lw, lh, area, own)
-        k = int(np.argmin(cost))  # the first of the least
-        lx, ly = int(at[k, 0]), int(at[k, 1])
+        (lx, ly), _ = _first_least(at, cost)
         taken.append((lx, ly, lx + lw, ly + lh))
         # Beside the box (right, then left), then below and above it; smaller where there is no room for it
         # clear of the face (a tight portrait), rather than over it.

@@ -156,6 +156,39 @@ def test_a_dogs_face_the_frames_top_or_bottom_barely_cuts_is_looked_at_close_up_
     assert len(detector.detect([dog])[0]) == 0
 
 
+def test_a_dogs_face_the_frames_top_cuts_scores_no_more_than_its_close_look_allows(detector):
+    # Cut at the top, the dog's box is an END_CUT one: YuNet scores it as a face (0.89), the close look does not
+    # (0.22); END_SLACK over the close look's score puts it under the tracker's hold.
+    from emonet.detection.yunet import END_CUT, END_SLACK, HOLD_MARGIN
+
+    dog = read_image(DATA / "animals" / "dog.4126.jpg")
+    cut = np.ascontiguousarray(dog[dog.shape[0] // 3:])
+    looking = detector.advance(detector.launch([cut]))
+    best = int(np.argmax(looking.candidates[0][:, 4]))
+    assert looking.candidates[0][best, 5] == END_CUT and looking.candidates[0][best, 4] >= DEFAULT_MIN_SCORE
+    close = detector.collect(looking, min_score=0.0)[0]
+    assert close[:, 4].max() < DEFAULT_MIN_SCORE - HOLD_MARGIN
+    assert close[:, 4].max() <= looking.verdicts[0][best].close + END_SLACK + 1e-9
+
+
+@pytest.mark.parametrize("path", sorted((DATA / "portraits").glob("*.jpg")), ids=lambda p: p.name)
+@pytest.mark.parametrize("end", ["top", "bottom"])
+def test_a_face_whose_forehead_or_mouth_the_frames_top_or_bottom_cuts_is_found(detector, path, end):
+    # A fifth of the face cut at the top, a third at the bottom: an END_CUT box, whose close look, black past the
+    # frame, scores a person's face high enough (the eyes still inside). (Cut at a quarter to a third of its
+    # height, obama2.jpg's box stops 5 px under the top, an uncut box there, and MMOD's look turns it down.)
+    from emonet.detection.yunet import END_CUT
+
+    image = read_image(path)
+    x1, y1, x2, y2 = detector.detect([image])[0][0, :4]
+    at = int(y1 + 0.2 * (y2 - y1)) if end == "top" else int(y2 - 0.35 * (y2 - y1))
+    cut = np.ascontiguousarray(image[at:] if end == "top" else image[:at])
+    looking = detector.advance(detector.launch([cut]))
+    faces = detector.collect(looking)[0]
+    assert len(faces) == 1 and faces[0, 4] >= DEFAULT_MIN_SCORE, faces
+    assert END_CUT in looking.candidates[0][:, 5]
+
+
 @pytest.mark.parametrize("path", sorted((DATA / "portraits").glob("*.jpg")), ids=lambda p: p.name)
 @pytest.mark.parametrize("end", ["top", "bottom"])
 def test_a_whole_face_whose_forehead_or_chin_the_frame_cuts_is_found(detector, path, end):

@@ -10,8 +10,8 @@ and right edges, then padded with black to multiples of 32.
 On a GPU the resizing runs there, the network runs as a CUDA graph per input size and batch, and only each image's
 TOP_K best points come back to the host, where the boxes over the threshold are kept after non-maximum suppression.
 Verified (the default), each candidate is then looked at close up (:mod:`.close_look`). A candidate the frame's left or
-right edge cuts is looked at in the frame mirrored there; one cut only at its top or bottom keeps YuNet's own score,
-unless its box has a whole face's proportions (see :func:`edge_rule`).
+right edge cuts is looked at in the frame mirrored there; one cut only at its top or bottom keeps YuNet's own score
+if the close look's is not far under it, unless its box has a whole face's proportions (see :func:`edge_rule`).
 """
 from __future__ import annotations
 
@@ -49,18 +49,25 @@ DEFAULT_MIN_SCORE = 0.8
 CANDIDATE_SCORE = 0.5
 HOLD_MARGIN = 0.1
 # Where the frame's edge cuts a candidate (the sixth column of YuNet's candidates): its left or right side, or only
-# its top or bottom; END_WHOLE: a box at the top or bottom with a whole face's proportions (WHOLE_AT_END), or that
-# near it (NEAR_END).
+# its top or bottom (the box at them or near them: NEAR_END); END_WHOLE: such a box with a whole face's proportions
+# (WHOLE_AT_END).
 SIDE_CUT, END_CUT, END_WHOLE = 2.0, 1.0, 3.0
+# A face only the frame's top or bottom cuts scores no more than its close look's score plus this: the close look's
+# crops are black past the frame, so a person's face cut there scores lower at it (cut at a third of its height,
+# 0.85 and up in 19 of 20 photos; through the eyes, 0.6 in half of them), but an animal's face lower still
+# (0.1-0.4, where YuNet gave 0.8-0.9): the bound turned down half the animals' faces the frame's top or bottom cut
+# on photos that no constant was chosen on, and kept the faces cut up to 42 % of their height (measured: see
+# docs/PERFORMANCE.md, Face detection).
+END_SLACK = 0.4
 # A box at the frame's top or bottom this much taller than wide or more holds a whole face, or nearly (the frame
 # cuts some hair or a chin): YuNet's boxes of whole faces are taller than wide (1.21-1.49 in photos), of faces a
 # third to a half outside the frame wider than tall (0.57-1.02), of whole faces touching the frame's top or bottom
 # in photos 1.11-1.19, of dogs' faces the frame barely cuts 1.33-1.48. Between the last two, the fewest animals of
 # a tune split kept with every face (measured: see docs/PERFORMANCE.md, Face detection).
 WHOLE_AT_END = 1.25
-# Such a box within this fraction of its height of the frame's top or bottom is at it too: a face whose forehead or
-# chin the frame cuts, where YuNet's box stops a few pixels short of the edge (MMOD's look, black past the edge,
-# turned such faces down; the close look passes them).
+# A box within this fraction of its height of the frame's top or bottom is at it too: a face whose forehead or chin
+# the frame cuts, where YuNet's box stops a few pixels short of the edge (MMOD's look, black past the edge, turned
+# such faces down; the close look passes them).
 NEAR_END = 0.03
 # A face the frame's left or right edge cuts is proposed from the frame mirrored past that edge, as the close look
 # then sees it: the network's input holds this many columns of the scaled frame reflected on each side, one cell of
@@ -108,13 +115,15 @@ def edge_rule(cut: np.ndarray, yunet: np.ndarray, close: np.ndarray, mmod: Optio
     """Candidates' scores from YuNet's and the close look's: the lower of the two; for a face the frame's left or
     right edge cuts, their mean (its close look sees the frame mirrored there: a face is nearly symmetric, so the
     half inside stands for the half outside, while YuNet sees half a face and scores it lower); for one only its
-    top or bottom cuts, YuNet's own (the close look's crops are black beyond the frame, where its networks never
-    saw a face), unless its box has a whole face's proportions (END_WHOLE): then the lower of the two again (a
-    dog's face the frame barely cuts is turned down there). ``mmod``: the close look's MMOD look, mapped
-    (:func:`.close_look.mmod_mapped`; 1 for a box under MMOD_MIN_SIDE): a face the frame does not cut scores no
-    higher than it; a cut one keeps its score (MMOD, even mirrored, turns down most faces cut at 42-58 %, and
-    faces whose chin the frame cuts: measured, see docs/PERFORMANCE.md, Face detection)."""
-    score = np.where(cut == SIDE_CUT, (yunet + close) / 2, np.where(cut == END_CUT, yunet, np.minimum(yunet, close)))
+    top or bottom cuts, YuNet's own, but no more than the close look's plus END_SLACK (the close look's crops are
+    black beyond the frame, where its networks never saw a face), unless its box has a whole face's proportions
+    (END_WHOLE): then the lower of the two again (a dog's face the frame barely cuts is turned down there).
+    ``mmod``: the close look's MMOD look, mapped (:func:`.close_look.mmod_mapped`; 1 for a box under
+    MMOD_MIN_SIDE): a face the frame does not cut scores no higher than it; a cut one keeps its score (MMOD, even
+    mirrored, turns down most faces cut at 42-58 %, and faces whose chin the frame cuts: measured, see
+    docs/PERFORMANCE.md, Face detection)."""
+    at_end = np.minimum(yunet, close + END_SLACK)
+    score = np.where(cut == SIDE_CUT, (yunet + close) / 2, np.where(cut == END_CUT, at_end, np.minimum(yunet, close)))
     return score if mmod is None else np.where(cut == 0, np.minimum(score, mmod), score)
 
 
@@ -300,11 +309,10 @@ class YuNetDetector(FaceDetector):
                 h, w = shape[:2]
                 m = AT_EDGE * max(h, w)
                 side = (boxes[..., 0] < m) | (boxes[..., 2] > w - m)
-                end = (boxes[..., 1] < m) | (boxes[..., 3] > h - m)
                 height = boxes[..., 3] - boxes[..., 1]
                 near = np.maximum(m, NEAR_END * height)
-                whole = (height >= WHOLE_AT_END * (boxes[..., 2] - boxes[..., 0])) & (
-                    (boxes[..., 1] < near) | (boxes[..., 3] > h - near))
+                end = (boxes[..., 1] < near) | (boxes[..., 3] > h - near)
+                whole = end & (height >= WHOLE_AT_END * (boxes[..., 2] - boxes[..., 0]))
                 cut = np.where(side, SIDE_CUT, np.where(whole, END_WHOLE, np.where(end, END_CUT, 0)))
                 columns.append(cut[..., None].astype(np.float64))
             found = np.concatenate(columns, axis=2)

@@ -95,8 +95,8 @@ def test_the_mapping_puts_the_threshold_at_the_detectors():
 
 def test_a_dog_the_detector_passes_is_turned_down_by_the_mmod_look():
     """A real dog's face (Kaggle's cats and dogs, CC0) that the detector passes: MMOD's look scores it 0. (The
-    frame's bottom cuts its box, so its final score is YuNet's, no more than the close look's plus END_SLACK: here
-    still YuNet's, see yunet.edge_rule: a known gap.)"""
+    frame's bottom cuts its box, which scores min(YuNet's, the close look's + END_SLACK): here YuNet's, see
+    yunet.edge_rule: a known gap.)"""
     from emonet.detection.yunet import END_CUT, YuNetDetector
 
     dog = _rgb(DOG)

@@ -159,24 +159,41 @@ def test_a_dogs_face_the_frames_top_or_bottom_barely_cuts_is_looked_at_close_up_
 def test_a_dogs_face_the_frames_top_cuts_scores_no_more_than_its_close_look_allows(detector):
     # Cut at the top, the dog's box is an END_CUT one: YuNet scores it as a face (0.89), the close look does not
     # (0.22); END_SLACK over the close look's score puts it under the tracker's hold.
-    from emonet.detection.yunet import END_CUT, END_SLACK, HOLD_MARGIN
+    from emonet.detection.yunet import END_CUT, END_SLACK, HOLD_MARGIN, edge_rule
 
     dog = read_image(DATA / "animals" / "dog.4126.jpg")
     cut = np.ascontiguousarray(dog[dog.shape[0] // 3:])
     looking = detector.advance(detector.launch([cut]))
-    best = int(np.argmax(looking.candidates[0][:, 4]))
-    assert looking.candidates[0][best, 5] == END_CUT and looking.candidates[0][best, 4] >= DEFAULT_MIN_SCORE
-    close = detector.collect(looking, min_score=0.0)[0]
-    assert close[:, 4].max() < DEFAULT_MIN_SCORE - HOLD_MARGIN
-    assert close[:, 4].max() <= looking.verdicts[0][best].close + END_SLACK + 1e-9
+    assert len(detector.collect(looking, min_score=DEFAULT_MIN_SCORE - HOLD_MARGIN)[0]) == 0
+    candidates = looking.candidates[0]
+    best = int(np.argmax(candidates[:, 4]))
+    yunet, close = candidates[best, 4], looking.verdicts[0][best].close
+    assert candidates[best, 5] == END_CUT and yunet >= DEFAULT_MIN_SCORE and close + END_SLACK < yunet
+    scored = edge_rule(candidates[best:best + 1, 5], candidates[best:best + 1, 4], np.array([close]))
+    assert scored[0] == close + END_SLACK
+
+
+def test_a_face_whose_box_stops_just_short_of_the_frames_top_is_at_it(detector):
+    # Cut 23 % into the face at the top, the portrait's box stops 4 px under the frame's top (over AT_EDGE's band
+    # of this 358-px-wide image, within NEAR_END of its height): an END_CUT box, scored by YuNet and the close
+    # look. Looked at as uncut, MMOD's look (black past the edge) turned it down.
+    import emonet.detection.yunet as yunet
+
+    image = read_image(DATA / "portraits" / "obama2.jpg")
+    x1, y1, x2, y2 = detector.detect([image])[0][0, :4]
+    cut = np.ascontiguousarray(image[int(y1 + 0.23 * (y2 - y1)):])
+    (candidate,) = detector._candidates(detector.launch([cut]), 0.5, edge=True)[0]
+    assert yunet.AT_EDGE * max(cut.shape[:2]) < candidate[1] < yunet.NEAR_END * (candidate[3] - candidate[1])
+    assert candidate[5] == yunet.END_CUT
+    faces = detector.detect([cut])[0]
+    assert len(faces) == 1 and faces[0, 4] >= DEFAULT_MIN_SCORE, faces
 
 
 @pytest.mark.parametrize("path", sorted((DATA / "portraits").glob("*.jpg")), ids=lambda p: p.name)
 @pytest.mark.parametrize("end", ["top", "bottom"])
 def test_a_face_whose_forehead_or_mouth_the_frames_top_or_bottom_cuts_is_found(detector, path, end):
     # A fifth of the face cut at the top, a third at the bottom: an END_CUT box, whose close look, black past the
-    # frame, scores a person's face high enough (the eyes still inside). (Cut at a quarter to a third of its
-    # height, obama2.jpg's box stops 5 px under the top, an uncut box there, and MMOD's look turns it down.)
+    # frame, scores a person's face high enough for END_SLACK (the eyes still inside).
     from emonet.detection.yunet import END_CUT
 
     image = read_image(path)
@@ -184,9 +201,12 @@ def test_a_face_whose_forehead_or_mouth_the_frames_top_or_bottom_cuts_is_found(d
     at = int(y1 + 0.2 * (y2 - y1)) if end == "top" else int(y2 - 0.35 * (y2 - y1))
     cut = np.ascontiguousarray(image[at:] if end == "top" else image[:at])
     looking = detector.advance(detector.launch([cut]))
+    candidates = looking.candidates[0]
+    best = int(np.argmax(candidates[:, 4]))
+    assert candidates[best, 5] == END_CUT
     faces = detector.collect(looking)[0]
     assert len(faces) == 1 and faces[0, 4] >= DEFAULT_MIN_SCORE, faces
-    assert END_CUT in looking.candidates[0][:, 5]
+    np.testing.assert_allclose(faces[0, :4], candidates[best, :4])
 
 
 @pytest.mark.parametrize("path", sorted((DATA / "portraits").glob("*.jpg")), ids=lambda p: p.name)

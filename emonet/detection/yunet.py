@@ -53,10 +53,10 @@ HOLD_MARGIN = 0.1
 # (WHOLE_AT_END).
 SIDE_CUT, END_CUT, END_WHOLE = 2.0, 1.0, 3.0
 # A face only the frame's top or bottom cuts scores no more than its close look's score plus this: the close look's
-# crops are black past the frame, so a person's face cut there scores lower at it (cut at a third of its height,
-# 0.85 and up in 19 of 20 photos; through the eyes, 0.6 in half of them), but an animal's face lower still
-# (0.1-0.4, where YuNet gave 0.8-0.9): the bound turned down half the animals' faces the frame's top or bottom cut
-# on photos that no constant was chosen on, and kept the faces cut up to 42 % of their height (measured: see
+# crops are black past the frame, so a person's face cut there scores lower at it (0.85 and up for 95 % of 151
+# portraits cut a third into the face; cut through the eyes, 0.61 in the median), but an animal's face lower still
+# (0.07-0.30, where YuNet gave 0.72-0.87): the bound halved the animal photos passed on a second set of them
+# (from 0.8, 6 to 3 of 490; from 0.7, 11 to 5) and kept the faces cut up to 42 % of their height (measured: see
 # docs/PERFORMANCE.md, Face detection).
 END_SLACK = 0.4
 # A box at the frame's top or bottom this much taller than wide or more holds a whole face, or nearly (the frame
@@ -66,8 +66,8 @@ END_SLACK = 0.4
 # a tune split kept with every face (measured: see docs/PERFORMANCE.md, Face detection).
 WHOLE_AT_END = 1.25
 # A box within this fraction of its height of the frame's top or bottom is at it too: a face whose forehead or chin
-# the frame cuts, where YuNet's box stops a few pixels short of the edge (MMOD's look, black past the edge, turned
-# such faces down; the close look passes them).
+# the frame cuts, where YuNet's box stops a few pixels short of the edge (looked at as uncut, MMOD's look, black past
+# the edge, turns such faces down; the close look passes them).
 NEAR_END = 0.03
 # A face the frame's left or right edge cuts is proposed from the frame mirrored past that edge, as the close look
 # then sees it: the network's input holds this many columns of the scaled frame reflected on each side, one cell of

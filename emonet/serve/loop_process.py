@@ -63,6 +63,8 @@ FAST_EXIT = True  # the helper: every answer is written before main returns; the
 # and a couple in each of its two steps in flight; past that, the pipes are behind, and a new frame is answered
 # dropped here at once (what a client makes the two processes hold stays bounded whatever it sends).
 IN_FLIGHT = 8
+# How long the thread waiting for a loop to load waits at a time (see LoopProcess.wait_ready), in seconds.
+SIGNAL_CHECK = 0.1
 
 
 class LoopProcess:
@@ -99,9 +101,15 @@ class LoopProcess:
         one line where the model cannot be loaded (a missing checkpoint, say), and
         :class:`~emonet.errors.HelperError` where the process died starting; the process is ended if anything
         (Ctrl-C too) stops the wait."""
+        ready = lambda: self.about is not None or self._refused or self._helper.ended  # noqa: E731
         try:
             with self._helper.state:
-                self._helper.state.wait_for(lambda: self.about is not None or self._refused or self._helper.ended)
+                # In short waits: Python acts on a signal only in this thread, and a Ctrl-C or SIGTERM the system
+                # gives another thread (this one holds them while it starts a process) does not end a wait here.
+                # Left to the end of the loading, it would meet the handler the service sets once loaded, which
+                # only notes it: a service stopped while loading would be left running.
+                while not self._helper.state.wait_for(ready, timeout=SIGNAL_CHECK):
+                    pass
         except BaseException:
             self._helper.close(kill=True)
             raise

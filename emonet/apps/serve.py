@@ -138,18 +138,31 @@ def run(args: argparse.Namespace) -> int:
     # uvicorn (0.55's Server.capture_signals) stops gracefully on Ctrl-C or SIGTERM, then raises each signal it caught
     # again for the handler it found: these note it, so the process neither dies of the signal nor looks as if it
     # ended by itself. The service says it stopped and exits 130, as every tool does when interrupted.
+    # One that comes before uvicorn has taken the signals (the app's lifespan not begun: the loops just loaded) stops
+    # the service there, as while the loops loaded; noted only, it would be lost and the service go on.
     stopped_by: list[int] = []
+
+    def stop(signum: int, _frame) -> None:
+        stopped_by.append(signum)
+        if not hasattr(app.state, "stopped_at_once"):
+            raise KeyboardInterrupt
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _frame: stopped_by.append(signum))
+        signal.signal(sig, stop)
     # A WebSocket message may be an image of the largest size taken, and a client may have two frames in
     # flight: beyond, its reading waits (what a client makes the server hold stays bounded).
     # (uvicorn's newer "websockets-sansio" has no queue bound yet: the legacy one, and its notice silenced.)
     warnings.filterwarnings("ignore", message="The `websockets` implementation is deprecated")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, ws="websockets",
-                # Frames are JPEG or PNG already: compressing them again costs a client ~2 ms a 40 KB frame for
-                # nothing (a client sending many streams falls seconds behind), so the extension is declined.
-                ws_per_message_deflate=False,
-                ws_max_size=config.max_image_bytes + (64 << 10), ws_max_queue=2)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, ws="websockets",
+                    # Frames are JPEG or PNG already: compressing them again costs a client ~2 ms a 40 KB frame for
+                    # nothing (a client sending many streams falls seconds behind), so the extension is declined.
+                    ws_per_message_deflate=False,
+                    ws_max_size=config.max_image_bytes + (64 << 10), ws_max_queue=2)
+    except KeyboardInterrupt:  # stopped before uvicorn.run began (within it, it returns)
+        pass
+    if not hasattr(app.state, "stopped_at_once"):  # stopped before serving: the lifespan never closed the loops
+        loop.close()
     at_once = getattr(app.state, "stopped_at_once", False)
     print("emonet-serve: stopped at once (a second Ctrl-C)" if at_once else "emonet-serve: stopped", file=sys.stderr)
     return 130 if stopped_by else 0

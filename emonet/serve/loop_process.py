@@ -105,9 +105,8 @@ class LoopProcess:
         try:
             with self._helper.state:
                 # In short waits: Python acts on a signal only in this thread, and a Ctrl-C or SIGTERM the system
-                # gives another thread (this one holds them while it starts a process) does not end a wait here.
-                # Left to the end of the loading, it would meet the handler the service sets once loaded, which
-                # only notes it: a service stopped while loading would be left running.
+                # gives another thread (this one holds them while it starts a process) does not end a wait here:
+                # in one wait without end, it would take effect only once the loop had loaded.
                 while not self._helper.state.wait_for(ready, timeout=SIGNAL_CHECK):
                     pass
         except BaseException:

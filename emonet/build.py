@@ -2,19 +2,25 @@
 the Python API and the evaluation share. The command-line tools turn their arguments into these options."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, TypeVar
 
 import torch
 
 from .choices import DEFAULT_DETECTOR
 from .log import say
-from .detection import create_detector
+from .detection import FaceDetector, create_detector
 from .engine import PRESETS, Engine, EngineConfig
 from .engine.config import CPU_BF16, CPU_FP32
 from .models.weights import UNTRAINED_LABEL, load_model
 from .pipeline import Pipeline
 from .runtime import DeviceError, RuntimeConfig, configure, describe, select_device
+
+T = TypeVar("T")
+
+# How long a wait for another thread lasts before it is taken up again (so that a Ctrl-C is raised).
+SIGNAL_CHECK = 0.1
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,13 @@ def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
     once: what makes it faster is prepared in the background); ``log`` takes its messages (default: standard
     error)."""
     log = log or say
+    device, config, runtime = _configure(options, log)
+    return _load_engine(options, device, config, runtime, batch_sizes, log)
+
+
+def _configure(options: ModelOptions, log: Callable[[str], None]) -> tuple[torch.device, EngineConfig, RuntimeConfig]:
+    """The device, the engine's configuration and the runtime's, the runtime configured (what the engine and the
+    detector both run under)."""
     precision = options.precision
     if options.deterministic and precision not in ("auto", "fp32"):
         raise DeviceError(f"--deterministic computes in fp32: drop --precision {precision}")
@@ -80,6 +93,13 @@ def build_engine(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16),
     configure(runtime)
     if precision == "fp16" and device.type != "cuda":
         raise DeviceError("--precision fp16 needs a GPU; on a CPU use fp32 (exact) or bf16")
+    return device, config, runtime
+
+
+def _load_engine(options: ModelOptions, device: torch.device, config: EngineConfig, runtime: RuntimeConfig,
+                 batch_sizes: Sequence[int], log: Callable[[str], None]) -> Engine:
+    """The weights loaded and the engine built, the runtime configured (:func:`_configure`)."""
+    precision = options.precision
     model = load_model(options.weights, n_expression=options.nclasses, device="cpu")
     engine = None
     if config.compile and options.compile and options.engine == "auto":
@@ -131,6 +151,49 @@ def build_pipeline(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16
     return Pipeline(engine, build_detector(options, engine), refine=refine, max_faces=max_faces)
 
 
+def build_pipeline_beside(options: ModelOptions, work: Callable[[FaceDetector], T],
+                          batch_sizes: Sequence[int] = (1, 4, 16), log: Optional[Callable[[str], None]] = None,
+                          refine: bool = False, max_faces: Optional[int] = None,
+                          beside: Optional[bool] = None) -> tuple[Pipeline, T]:
+    """:func:`build_pipeline`, with ``work(detector)`` done while the engine loads: the pipeline and what ``work``
+    returned. ``beside`` (default: on a GPU) the detector is built first and ``work`` runs on it in this thread
+    while another loads the weights and builds the engine: a photo's first detection, whose networks' first calls
+    at the image's size take about as long as the load, runs beside it. Otherwise (on the CPU, where the two would
+    share the cores) one after the other. An error of either is raised once both have ended (the load's first)."""
+    log = log or say
+    device, config, runtime = _configure(options, log)
+    if not (device.type == "cuda" if beside is None else beside):
+        engine = _load_engine(options, device, config, runtime, batch_sizes, log)
+        detector = _detector(options, device, engine.config)
+        return Pipeline(engine, detector, refine=refine, max_faces=max_faces), work(detector)
+    # The detector first, in this thread: it creates the CUDA context the load's thread then finds.
+    detector = _detector(options, device, config)
+    loaded: dict = {}
+
+    def load() -> None:
+        try:
+            loaded["engine"] = _load_engine(options, device, config, runtime, batch_sizes, log)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
+            loaded["error"] = exc
+
+    # A daemon: a Ctrl-C during ``work`` is not held up by the load (a one-shot tool's process then ends).
+    thread = threading.Thread(target=load, name="emonet-load", daemon=True)
+    thread.start()
+    failure = None
+    try:
+        result = work(detector)
+    except Exception as exc:  # noqa: BLE001 - raised below, after the load's own error if it had one
+        failure = exc
+    # In short steps: a Ctrl-C the system gives another thread is raised here only once a wait ends.
+    while thread.is_alive():
+        thread.join(SIGNAL_CHECK)
+    if "error" in loaded:
+        raise loaded["error"]
+    if failure is not None:
+        raise failure
+    return Pipeline(loaded["engine"], detector, refine=refine, max_faces=max_faces), result
+
+
 def engine_config(preset: str, device: torch.device, deterministic: bool = False,
                   precision: str = "auto", compiled: bool = False) -> EngineConfig:
     """The engine configuration of an ``--engine`` preset (or ``auto``) and ``--precision`` on ``device``.
@@ -161,13 +224,18 @@ def engine_config(preset: str, device: torch.device, deterministic: bool = False
     return config
 
 
-def build_detector(options: ModelOptions, engine: Engine):
+def build_detector(options: ModelOptions, engine: Engine) -> FaceDetector:
     """The detector the options ask for, on the engine's device, the same for photos and video frames. BlazeFace
     also sees a large image in its fine view (small faces) and looks at each candidate again close up (no
     face-like thing passes); YuNet sees every face in one pass."""
+    return _detector(options, engine.device, engine.config)
+
+
+def _detector(options: ModelOptions, device: torch.device, config: EngineConfig) -> FaceDetector:
+    """:func:`build_detector` for an engine of ``config`` on ``device``, built or not."""
     min_score, name = options.min_score, options.detector
     kwargs = {"min_score": min_score} if min_score is not None and name != "none" else {}
     if name in ("blazeface", "yunet"):
-        kwargs["cuda_graphs"] = engine.config.cuda_graphs
-        kwargs["background"] = engine.config.background  # its graphs too, while the first frames run eagerly
-    return create_detector(name, engine.device, **kwargs)
+        kwargs["cuda_graphs"] = config.cuda_graphs
+        kwargs["background"] = config.background  # its graphs too, while the first frames run eagerly
+    return create_detector(name, device, **kwargs)

@@ -93,6 +93,12 @@ class LatencyTimer:
             self._ms.append((time.perf_counter() - t0) * 1e3)
             self._items.append(n_items)
 
+    def record(self, ms: float, n_items: int = 1) -> None:
+        """Add a region timed by the caller: host clocks around work whose results the host already holds."""
+        self._collect()  # in order: regions measured before it come first
+        self._ms.append(ms)
+        self._items.append(n_items)
+
     def _collect(self) -> None:
         for start, end, n in self._pending:
             end.synchronize()  # the only host wait: reading an event needs its work finished

@@ -227,3 +227,47 @@ def test_exit_tool_says_an_output_that_could_not_be_flushed_in_its_code():
     finally:
         os.close(writer)
     assert run.returncode == 120, run.stderr
+
+
+@pytest.mark.parametrize("beside", [False, True])
+def test_work_done_while_the_engine_loads_sees_the_pipelines_own_detector(capsys, beside):
+    # beside=True is the GPU's way (the engine loaded in a thread while the work runs), here on the CPU.
+    from emonet.build import build_pipeline_beside
+    from pathlib import Path
+
+    from emonet.io.images import read_image
+
+    image = read_image(Path(__file__).parent / "data" / "portraits" / "obama.jpg")
+    seen = []
+
+    def work(detector):
+        seen.append(detector)
+        return detector.detect([image])
+
+    options = _args("--device", "cpu")
+    pipeline, found = build_pipeline_beside(options, work, beside=beside)
+    assert seen == [pipeline.detector] and len(found[0]) == 1
+    alone = build_pipeline(options)
+    faces, again = pipeline([image], boxes=found)[0], alone([image])[0]
+    assert len(faces) == len(again) == 1
+    assert faces[0].valence == again[0].valence and (faces[0].landmarks == again[0].landmarks).all()
+
+
+@pytest.mark.parametrize("beside", [False, True])
+def test_a_load_that_fails_is_said_even_where_the_work_failed_too(tmp_path, capsys, beside):
+    from emonet.build import build_pipeline_beside
+    from emonet.models.weights import CheckpointError
+
+    bad = tmp_path / "bad.pth"
+    bad.write_bytes(b"not a checkpoint")
+    options = dataclasses.replace(_args("--device", "cpu"), weights=str(bad))
+    with pytest.raises(CheckpointError):
+        build_pipeline_beside(options, lambda detector: 1, beside=beside)
+    if beside:  # both ran: the load's error is the one raised
+        def fails(detector):
+            raise ValueError("the work's own")
+        with pytest.raises(CheckpointError):
+            build_pipeline_beside(options, fails, beside=True)
+    with pytest.raises(ValueError, match="the work's own"):
+        build_pipeline_beside(_args("--device", "cpu"), lambda d: (_ for _ in ()).throw(ValueError("the work's own")),
+                              beside=beside)

@@ -58,6 +58,17 @@ def test_one_or_two_calls_after_the_first_are_no_steady_state():
     assert timer.summary().median_ms is not None  # three after the first
 
 
+def test_a_region_timed_by_the_caller_takes_its_place_in_order():
+    timer = LatencyTimer("cpu")
+    timer.record(250.0, 2)  # timed elsewhere (a photo detected while the model loaded)
+    for _ in range(3):
+        with timer.measure(1):
+            time.sleep(0.001)
+    assert timer.times_ms[0] == 250.0 and all(0 < t < 250 for t in timer.times_ms[1:])
+    summary = timer.summary()
+    assert summary.first_ms == 250.0 and summary.calls == 4 and summary.items == 5
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA events need a GPU")
 def test_cuda_events_time_device_work():
     timer = LatencyTimer("cuda:0")

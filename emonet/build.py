@@ -17,10 +17,10 @@ from .models.weights import UNTRAINED_LABEL, load_model
 from .pipeline import Pipeline
 from .runtime import DeviceError, RuntimeConfig, configure, describe, select_device
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
-# How long a wait for another thread lasts before it is taken up again (so that a Ctrl-C is raised).
-SIGNAL_CHECK = 0.1
+# Seconds a wait for another thread lasts before it is taken up again (so that a Ctrl-C is raised).
+JOIN_STEP_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -146,29 +146,38 @@ def build_pipeline(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16
                    max_faces: Optional[int] = None) -> Pipeline:
     """The engine and the detector the options ask for, in one :class:`~emonet.pipeline.Pipeline` (not warmed
     up): what every tool runs. (Built one after the other: the detector built in a thread beside the weights
-    started no sooner on a GPU, and a photo set's first result came later.)"""
+    started no sooner on a GPU, and a photo set's first result came later; a photo's first detection beside the
+    load gains: :func:`build_pipeline_beside`.)"""
     engine = build_engine(options, batch_sizes, log)
     return Pipeline(engine, build_detector(options, engine), refine=refine, max_faces=max_faces)
 
 
-def build_pipeline_beside(options: ModelOptions, work: Callable[[FaceDetector], T],
+def build_pipeline_beside(options: ModelOptions, work: Callable[[FaceDetector], _T],
                           batch_sizes: Sequence[int] = (1, 4, 16), log: Optional[Callable[[str], None]] = None,
                           refine: bool = False, max_faces: Optional[int] = None,
-                          beside: Optional[bool] = None) -> tuple[Pipeline, T]:
-    """:func:`build_pipeline`, with ``work(detector)`` done while the engine loads: the pipeline and what ``work``
-    returned. ``beside`` (default: on a GPU) the detector is built first and ``work`` runs on it in this thread
-    while another loads the weights and builds the engine: a photo's first detection, whose networks' first calls
-    at the image's size take about as long as the load, runs beside it. Otherwise (on the CPU, where the two would
-    share the cores) one after the other. An error of either is raised once both have ended (the load's first)."""
+                          beside: Optional[bool] = None) -> tuple[Pipeline, Optional[_T]]:
+    """:func:`build_pipeline`, with ``work(detector)`` done while the engine loads, where it can be: the pipeline
+    and what ``work`` returned, or None where it was not run.
+
+    It runs with the default, uncompiled engine on a GPU (or with ``beside=True``): the detector is built first, and ``work``
+    runs on it in this thread while another thread loads the weights and builds the engine (a photo's first
+    detection, whose networks' first calls at the image's size take about as long as the load). Elsewhere
+    ``work`` is not run: on the CPU the two would share the cores, and an explicit engine captures its CUDA
+    graphs as it loads, while no other thread may use the GPU. An error of the load is raised once ``work`` has
+    ended (the work's own, if any, said on ``log``); the work's error once the load has ended; a Ctrl-C at once,
+    the load's thread left to end with the process."""
     log = log or say
     device, config, runtime = _configure(options, log)
-    if not (device.type == "cuda" if beside is None else beside):
+    if beside is None:
+        # (The default engine captures its graphs in threads of their own, in a mode that lets other threads use
+        # the GPU meanwhile; compiled, it warms up first.)
+        beside = device.type == "cuda" and config.background and not config.compile
+    if not beside:
         engine = _load_engine(options, device, config, runtime, batch_sizes, log)
-        detector = _detector(options, device, engine.config)
-        return Pipeline(engine, detector, refine=refine, max_faces=max_faces), work(detector)
+        return Pipeline(engine, _detector(options, device, engine.config), refine=refine, max_faces=max_faces), None
     # The detector first, in this thread: it creates the CUDA context the load's thread then finds.
     detector = _detector(options, device, config)
-    loaded: dict = {}
+    loaded: dict[str, object] = {}
 
     def load() -> None:
         try:
@@ -186,8 +195,10 @@ def build_pipeline_beside(options: ModelOptions, work: Callable[[FaceDetector], 
         failure = exc
     # In short steps: a Ctrl-C the system gives another thread is raised here only once a wait ends.
     while thread.is_alive():
-        thread.join(SIGNAL_CHECK)
+        thread.join(JOIN_STEP_S)
     if "error" in loaded:
+        if failure is not None:  # said, not lost: the load's error is the one raised
+            log(f"warning: {failure}")
         raise loaded["error"]
     if failure is not None:
         raise failure
@@ -232,7 +243,7 @@ def build_detector(options: ModelOptions, engine: Engine) -> FaceDetector:
 
 
 def _detector(options: ModelOptions, device: torch.device, config: EngineConfig) -> FaceDetector:
-    """:func:`build_detector` for an engine of ``config`` on ``device``, built or not."""
+    """:func:`build_detector` for an engine of ``config`` on ``device`` (the engine itself may be still loading)."""
     min_score, name = options.min_score, options.detector
     kwargs = {"min_score": min_score} if min_score is not None and name != "none" else {}
     if name in ("blazeface", "yunet"):

@@ -6,6 +6,8 @@ import dataclasses
 import subprocess
 import os
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -229,45 +231,85 @@ def test_exit_tool_says_an_output_that_could_not_be_flushed_in_its_code():
     assert run.returncode == 120, run.stderr
 
 
-@pytest.mark.parametrize("beside", [False, True])
-def test_work_done_while_the_engine_loads_sees_the_pipelines_own_detector(capsys, beside):
-    # beside=True is the GPU's way (the engine loaded in a thread while the work runs), here on the CPU.
-    from emonet.build import build_pipeline_beside
+def _portrait():
     from pathlib import Path
 
     from emonet.io.images import read_image
 
-    image = read_image(Path(__file__).parent / "data" / "portraits" / "obama.jpg")
-    seen = []
+    return read_image(Path(__file__).parent / "data" / "portraits" / "obama.jpg")
+
+
+def test_work_runs_while_the_engine_loads_on_the_pipelines_own_detector(monkeypatch, capsys):
+    # beside=True is the GPU default engine's way, here on the CPU: the load waits until the work has begun, so
+    # the two run at once (one after the other, the load would wait in vain).
+    from emonet import build
+
+    image, begun, waited = _portrait(), threading.Event(), []
+    load = build._load_engine
+
+    def load_once_the_work_has_begun(*args, **kwargs):
+        waited.append(begun.wait(timeout=30))
+        return load(*args, **kwargs)
 
     def work(detector):
-        seen.append(detector)
-        return detector.detect([image])
+        begun.set()
+        return detector, detector.detect([image])
 
+    monkeypatch.setattr(build, "_load_engine", load_once_the_work_has_begun)
     options = _args("--device", "cpu")
-    pipeline, found = build_pipeline_beside(options, work, beside=beside)
-    assert seen == [pipeline.detector] and len(found[0]) == 1
-    alone = build_pipeline(options)
-    faces, again = pipeline([image], boxes=found)[0], alone([image])[0]
+    pipeline, (seen, found) = build.build_pipeline_beside(options, work, beside=True)
+    assert waited == [True] and seen is pipeline.detector and len(found[0]) == 1
+    faces, again = pipeline([image], boxes=found)[0], build_pipeline(options)([image])[0]
     assert len(faces) == len(again) == 1
     assert faces[0].valence == again[0].valence and (faces[0].landmarks == again[0].landmarks).all()
 
 
-@pytest.mark.parametrize("beside", [False, True])
-def test_a_load_that_fails_is_said_even_where_the_work_failed_too(tmp_path, capsys, beside):
+def test_on_the_cpu_the_work_is_left_to_the_caller(capsys):
+    from emonet.build import build_pipeline_beside
+
+    ran = []
+    pipeline, result = build_pipeline_beside(_args("--device", "cpu"), lambda detector: ran.append(detector) or 1)
+    assert result is None and ran == [] and pipeline.detector is not None
+
+
+def test_errors_of_the_load_and_of_the_work_alike_are_raised(tmp_path, capsys):
     from emonet.build import build_pipeline_beside
     from emonet.models.weights import CheckpointError
+
+    def fails(detector):
+        raise ValueError("the work's own")
 
     bad = tmp_path / "bad.pth"
     bad.write_bytes(b"not a checkpoint")
     options = dataclasses.replace(_args("--device", "cpu"), weights=str(bad))
     with pytest.raises(CheckpointError):
-        build_pipeline_beside(options, lambda detector: 1, beside=beside)
-    if beside:  # both ran: the load's error is the one raised
-        def fails(detector):
-            raise ValueError("the work's own")
-        with pytest.raises(CheckpointError):
-            build_pipeline_beside(options, fails, beside=True)
+        build_pipeline_beside(options, lambda detector: 1, beside=True)
+    said = []
+    with pytest.raises(CheckpointError):  # both failed: the load's error raised, the work's said
+        build_pipeline_beside(options, fails, beside=True, log=said.append)
+    assert said[-1] == "warning: the work's own"
     with pytest.raises(ValueError, match="the work's own"):
-        build_pipeline_beside(_args("--device", "cpu"), lambda d: (_ for _ in ()).throw(ValueError("the work's own")),
-                              beside=beside)
+        build_pipeline_beside(_args("--device", "cpu"), fails, beside=True)
+
+
+def test_a_ctrl_c_during_the_work_is_raised_without_waiting_for_the_load(monkeypatch, capsys):
+    from emonet import build
+
+    release = threading.Event()
+    load = build._load_engine
+
+    def slow_load(*args, **kwargs):
+        release.wait(timeout=60)
+        return load(*args, **kwargs)
+
+    def interrupted(detector):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build, "_load_engine", slow_load)
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            build.build_pipeline_beside(_args("--device", "cpu"), interrupted, beside=True)
+        assert time.perf_counter() - t0 < 30
+    finally:
+        release.set()

@@ -58,15 +58,21 @@ def test_one_or_two_calls_after_the_first_are_no_steady_state():
     assert timer.summary().median_ms is not None  # three after the first
 
 
-def test_a_region_timed_by_the_caller_takes_its_place_in_order():
-    timer = LatencyTimer("cpu")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda:0", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA events need a GPU"))])
+def test_a_region_timed_by_the_caller_takes_its_place_in_order(device):
+    timer = LatencyTimer(device)
     timer.record(250.0, 2)  # timed elsewhere (a photo detected while the model loaded)
-    for _ in range(3):
+    with timer.measure(1):
+        time.sleep(0.001)
+    timer.record(500.0, 1)  # after a region whose CUDA events are not read yet
+    for _ in range(2):
         with timer.measure(1):
             time.sleep(0.001)
-    assert timer.times_ms[0] == 250.0 and all(0 < t < 250 for t in timer.times_ms[1:])
+    times = timer.times_ms
+    assert times[0] == 250.0 and times[2] == 500.0 and all(0 <= t < 250 for t in times[1:2] + times[3:])
     summary = timer.summary()
-    assert summary.first_ms == 250.0 and summary.calls == 4 and summary.items == 5
+    assert summary.first_ms == 250.0 and summary.calls == 5 and summary.items == 6
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA events need a GPU")

@@ -86,25 +86,31 @@ def run(args: argparse.Namespace) -> int:
 def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.ndarray, InputError]]],
              paths: list[Path], startup: "StartupClock", out_file: Optional[Path], out_dir: Optional[Path]) -> int:
     from ..build import build_pipeline_beside
+    from ..detection import FaceDetector
     from ..models.weights import UNTRAINED_LABEL
     from ..provenance import provenance
     from ..timing import LatencyTimer
 
     images = iter(images)
-    first = next(images, None)
+    first: list[tuple[Path, Union[np.ndarray, InputError]]] = []  # the first image, where detect_first took it
 
-    def detect_first(detector) -> Optional[tuple[list, float]]:
+    def detect_first(detector: "FaceDetector") -> Optional[tuple[list[np.ndarray], float]]:
         # The first image's faces, found while the weights load (its detection's first calls take about as long),
-        # and the seconds it took: the first image's latency counts them.
-        if first is None or isinstance(first[1], InputError):
+        # and the seconds it took: the first image's latency counts them. Taken here, so that a folder's first
+        # image is decoded while the model loads too.
+        item = next(images, None)
+        if item is None:
+            return None
+        first.append(item)
+        if isinstance(item[1], InputError):
             return None
         t0 = time.perf_counter()
-        found = detector.detect([first[1]])  # (boxes on the host: the device's work is done)
+        found = detector.detect([item[1]])  # (boxes on the host: the device's work is done)
         return found, time.perf_counter() - t0
 
     pipeline, detected = build_pipeline_beside(model_options(args), detect_first, refine=args.refine)
     engine, detector = pipeline.engine, pipeline.detector
-    startup.mark("model, engine and detector" if detected is None else "model, engine, detector and the first detection")
+    startup.mark("model, engine, detector and the first detection" if detected else "model, engine and detector")
     if engine.config.warmup and not engine.config.background:
         # The explicit modes warm up before the first image; the default prepares in the background, and a
         # blank image's pass would only delay the first real one, which pays its own first kernels.
@@ -116,8 +122,7 @@ def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.nda
     image_timer, face_timer = LatencyTimer(engine.device), LatencyTimer(engine.device)
     records, rows, failures, used = [], [], 0, set()
     count, inputs = len(paths), frozenset(p.resolve() for p in paths)
-    bar = progress_bar(itertools.chain([first] if first is not None else [], images), total=count, unit="image",
-                       disable=count < 4, file=sys.stderr)
+    bar = progress_bar(itertools.chain(first, images), total=count, unit="image", disable=count < 4, file=sys.stderr)
 
     def _finish(path: Path, image: np.ndarray, faces: list[FaceResult]) -> None:
         startup.mark("first image")

@@ -155,3 +155,15 @@ def test_each_mode_reports_its_spread_over_batches_beside_its_agreement(tmp_path
     assert line.split("|")[-2].strip() == ("0" if spread == 0 else f"{spread:.2g}")
     assert "alone and in batches of 1, 3, 8" in report.read_text()
 
+
+
+@pytest.mark.parametrize("stage", ["model, engine and detector", "model, engine, detector and the first detection"])
+def test_the_sweep_reads_the_model_load_of_a_photo_on_either_device(stage):
+    # On a GPU the photo tool's load stage holds its first detection too (run beside the load).
+    from emonet.bench.sweep import report_figures
+    from emonet.timing import StartupClock
+
+    clock = StartupClock()
+    clock.stages = [("Python start-up and imports", 2.0), (stage, 2.75), ("first image", 2.9)]
+    figures = report_figures(clock.format() + "\n")
+    assert figures["first_result_s"] == 2.9 and figures["model_load_s"] == 0.75

@@ -19,8 +19,9 @@ from .runtime import DeviceError, RuntimeConfig, configure, describe, select_dev
 
 _T = TypeVar("_T")
 
-# Seconds a wait for another thread lasts before it is taken up again (so that a Ctrl-C is raised).
-JOIN_STEP_S = 0.1
+# Seconds a wait for another thread or process lasts before it is taken up again: Python raises a Ctrl-C (or SIGTERM)
+# the system gives another thread only in the main thread, once a wait there ends (here and in emonet-serve's loops).
+SIGNAL_CHECK = 0.1
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ def build_pipeline_beside(options: ModelOptions, work: Callable[[FaceDetector], 
         failure = exc
     # In short steps: a Ctrl-C the system gives another thread is raised here only once a wait ends.
     while thread.is_alive():
-        thread.join(JOIN_STEP_S)
+        thread.join(SIGNAL_CHECK)
     if "error" in loaded:
         if failure is not None:  # said, not lost: the load's error is the one raised
             log(f"warning: {failure}")

@@ -27,7 +27,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from ..build import ModelOptions
+from ..build import SIGNAL_CHECK, ModelOptions
 from ..errors import HelperError, InputError
 from ..io.helper import PIPE_BYTES, HelperClient, start_helper
 from ..log import LOGGER, say
@@ -63,8 +63,6 @@ FAST_EXIT = True  # the helper: every answer is written before main returns; the
 # and a couple in each of its two steps in flight; past that, the pipes are behind, and a new frame is answered
 # dropped here at once (what a client makes the two processes hold stays bounded whatever it sends).
 IN_FLIGHT = 8
-# How long the thread waiting for a loop to load waits at a time (see LoopProcess.wait_ready), in seconds.
-SIGNAL_CHECK = 0.1
 
 
 class LoopProcess:

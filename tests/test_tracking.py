@@ -163,3 +163,46 @@ def test_a_followed_face_is_held_under_the_threshold_a_new_face_needs():
     dets = np.array([[12.0, 10.0, 62.0, 70.0, 0.75], [200.0, 200.0, 250.0, 260.0, 0.78]])
     (held,) = tracker.update(dets, frame=10, start_score=0.81)
     assert held.id == track.id and held.score == 0.75 and held.det_frame == 10 and len(tracker.tracks) == 1
+
+
+class _PairByPair(Tracker):
+    """The matching rule pair by pair, as Python scalars: what Tracker's matrix of affinities must reproduce."""
+
+    def _affinities(self, detections):
+        def one(track, det):
+            boxes = [b for b in (track.det_box, track.box,
+                                 landmarks_box(track.landmarks) if track.landmarks is not None else None)
+                     if b is not None]
+            overlap = max(iou(b, det) for b in boxes)
+            if overlap >= self.iou_threshold:
+                return 1.0 + overlap
+            ref = track.det_box if track.det_box is not None else track.box
+            size = max(ref[2] - ref[0], ref[3] - ref[1], det[2] - det[0], det[3] - det[1], 1e-6)
+            shift = np.hypot((ref[0] + ref[2] - det[0] - det[2]) / 2, (ref[1] + ref[3] - det[1] - det[3]) / 2) / size
+            return max(0.0, 1.0 - shift / self.max_shift) if shift < self.max_shift else 0.0
+        return np.array([[one(t, d[:4]) for d in detections] for t in self.tracks]).reshape(
+            len(self.tracks), len(detections))
+
+
+def test_the_matches_are_those_of_the_rule_pair_by_pair_bit_for_bit():
+    # Faces moving, jumping, appearing and leaving; landmarks near their boxes, some broken (NaN), some boxes
+    # degenerate: every frame's tracks (ids, boxes, scores) the same as matched pair by pair.
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        fast, slow = Tracker(), _PairByPair()
+        faces = [np.r_[rng.uniform(0, 600, 2), 0, 0] for _ in range(rng.integers(1, 7))]
+        for f in faces:
+            f[2:] = f[:2] + rng.uniform(0.0 if rng.random() < 0.05 else 10, 150, 2)
+        for frame in range(12):
+            dets = [np.r_[f + rng.normal(0, rng.choice([1.0, 15.0, 60.0]), 4), rng.uniform(0.5, 1)]
+                    for f in faces if rng.random() < 0.85]
+            dets = np.array(dets).reshape(-1, 5)
+            got, want = fast.update(dets, frame), slow.update(dets, frame)
+            assert [(t.id, t.box.tolist(), t.score) for t in got] == [(t.id, t.box.tolist(), t.score) for t in want]
+            for tracker in (fast, slow):  # the same landmarks for both
+                marks = np.random.default_rng(frame)
+                for t in tracker.tracks:
+                    points = t.box[:2] + marks.uniform(0, 1, (68, 2)) * (t.box[2:] - t.box[:2] + 1)
+                    if marks.random() < 0.05:
+                        points[0, 0] = np.nan
+                    t.landmarks = points.astype(np.float32) if marks.random() < 0.7 else None

@@ -177,7 +177,6 @@ def build_pipeline_beside(options: ModelOptions, work: Callable[[FaceDetector], 
         # (The default engine captures its graphs in threads of their own, in a mode that lets other threads use
         # the GPU meanwhile; compiled, it warms up first.)
         beside = device.type == "cuda" and config.background and not config.compile
-    # (After ``beside``, which this does not change: with no captures at all, the load may run beside the work.)
     if not graphs and config.background and not config.compile:
         config = replace(config, cuda_graphs=False, background=False, warmup=False)
     if not beside:

@@ -144,9 +144,7 @@ class Engine:
         """``fixed_batch`` as checked on this device (:mod:`.invariance`): halved until every crop gets the same
         bits wherever it sits in the batch, beside whatever other crops; the answer kept for later processes."""
         largest = self.config.fixed_batch
-        # Graphs or not, one key: the check runs eagerly, and a graph replays the same kernels.
-        named = replace(self.config, cuda_graphs=True).name
-        key = device_key(self.device, f"{named} ({self.n_expression} classes)")
+        key = device_key(self.device, f"{self.config.name} ({self.n_expression} classes)")
         batch = remembered(key)
         if batch is None or batch > largest:
             crops = real_face_crops(2 * largest).to(self.device)

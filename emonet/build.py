@@ -156,7 +156,7 @@ def build_pipeline(options: ModelOptions, batch_sizes: Sequence[int] = (1, 4, 16
 def build_pipeline_beside(options: ModelOptions, work: Callable[[FaceDetector], _T],
                           batch_sizes: Sequence[int] = (1, 4, 16), log: Optional[Callable[[str], None]] = None,
                           refine: bool = False, max_faces: Optional[int] = None,
-                          beside: Optional[bool] = None, graphs: bool = True) -> tuple[Pipeline, Optional[_T]]:
+                          beside: Optional[bool] = None) -> tuple[Pipeline, Optional[_T]]:
     """:func:`build_pipeline`, with ``work(detector)`` done while the engine loads, where it can be: the pipeline
     and what ``work`` returned, or None where it was not run.
 
@@ -166,19 +166,13 @@ def build_pipeline_beside(options: ModelOptions, work: Callable[[FaceDetector], 
     ``work`` is not run: on the CPU the two would share the cores, and an explicit engine captures its CUDA
     graphs as it loads, while no other thread may use the GPU. An error of the load is raised once ``work`` has
     ended (the work's own, if any, said on ``log``); the work's error once the load has ended; a Ctrl-C at once,
-    the load's thread left to end with the process.
-
-    ``graphs=False``: the default engine and the detector capture no CUDA graphs (a one-image job, whose networks
-    run once at each shape: captures in the background would only compete with them for the GPU and the
-    interpreter). The same kernels then run eagerly: the same numbers."""
+    the load's thread left to end with the process."""
     log = log or say
     device, config, runtime = _configure(options, log)
     if beside is None:
         # (The default engine captures its graphs in threads of their own, in a mode that lets other threads use
         # the GPU meanwhile; compiled, it warms up first.)
         beside = device.type == "cuda" and config.background and not config.compile
-    if not graphs and config.background and not config.compile:
-        config = replace(config, cuda_graphs=False, background=False, warmup=False)
     if not beside:
         engine = _load_engine(options, device, config, runtime, batch_sizes, log)
         return Pipeline(engine, _detector(options, device, engine.config), refine=refine, max_faces=max_faces), None

@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 
-import numpy as np
 import pytest
 import torch
 
@@ -271,26 +270,6 @@ def test_on_the_cpu_the_work_is_left_to_the_caller(capsys):
     ran = []
     pipeline, result = build_pipeline_beside(_args("--device", "cpu"), lambda detector: ran.append(detector) or 1)
     assert result is None and ran == [] and pipeline.detector is not None
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_a_one_image_pipeline_captures_no_graphs_and_gives_the_same_numbers(capsys):
-    from emonet.build import build_pipeline_beside
-
-    image, options = _portrait(), _args("--device", "cuda:0")
-    single, found = build_pipeline_beside(options, lambda detector: detector.detect([image]), graphs=False)
-    engine = single.engine
-    assert not engine.config.cuda_graphs and not engine.config.background and engine.graphs_ready_s is None
-    assert not single.detector.cuda_graphs and "captured in the background" not in capsys.readouterr().err
-    graphed = build_pipeline(options)
-    graphed.detector.detect([image])  # its graphs for this size, captured in the background
-    graphed.engine.wait_for_graphs()
-    graphed.detector.wait_for_graphs()
-    again = graphed([image])[0]  # graphs replayed
-    assert len(found[0]) == 1 and np.array_equal(found[0], graphed.detector.detect([image])[0])
-    faces = single([image], boxes=found)[0]
-    assert len(faces) == len(again) == 1
-    assert faces[0].valence == again[0].valence and (faces[0].landmarks == again[0].landmarks).all()
 
 
 def test_errors_of_the_load_and_of_the_work_alike_are_raised(tmp_path, capsys):

@@ -108,10 +108,7 @@ def _analyse(args: argparse.Namespace, images: Iterable[tuple[Path, Union[np.nda
         found = detector.detect([item[1]])  # (boxes on the host: the device's work is done)
         return found, time.perf_counter() - t0
 
-    # One image: its networks run once at each shape, so no CUDA graphs are captured for it (the same kernels run
-    # eagerly: the same numbers).
-    pipeline, detected = build_pipeline_beside(model_options(args), detect_first, refine=args.refine,
-                                               graphs=len(paths) > 1)
+    pipeline, detected = build_pipeline_beside(model_options(args), detect_first, refine=args.refine)
     engine, detector = pipeline.engine, pipeline.detector
     startup.mark("model, engine, detector and the first detection" if detected else "model, engine and detector")
     if engine.config.warmup and not engine.config.background:

@@ -87,6 +87,27 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
     return float(inter / union) if union > 0 else 0.0
 
 
+def _max(a, b) -> np.ndarray:
+    """Python's ``max(a, b)`` elementwise: ``a`` unless ``b`` is greater (a NaN ``a`` is kept, a NaN ``b`` not)."""
+    return np.where(b > a, b, a)
+
+
+def _min(a, b) -> np.ndarray:
+    """Python's ``min(a, b)`` elementwise: ``a`` unless ``b`` is less."""
+    return np.where(b < a, b, a)
+
+
+def _ious(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`iou` of boxes broadcast against each other (``(..., 4)``), with its arithmetic and comparisons (not
+    NumPy's ``maximum``, which spreads a NaN where Python's ``max`` may not): what a track's matching asks of it."""
+    x1, y1 = _max(a[..., 0], b[..., 0]), _max(a[..., 1], b[..., 1])
+    x2, y2 = _min(a[..., 2], b[..., 2]), _min(a[..., 3], b[..., 3])
+    inter = _max(0.0, x2 - x1) * _max(0.0, y2 - y1)
+    union = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1]) + (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1]) - inter
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(union > 0, inter / union, 0.0)
+
+
 @dataclass
 class Track:
     """One face followed over frames."""
@@ -155,7 +176,7 @@ class Tracker:
 
     def update(self, detections: np.ndarray, frame: int = 0, start_score: float = 0.0,
                unseen_below: float = 0.0) -> list[Track]:
-        """Match ``(k, 5)`` detections of frame ``frame`` to tracks (new ids for the unmatched that score at
+        """Match ``(k, 5)`` float64 detections of frame ``frame`` to tracks (new ids for the unmatched that score at
         least ``start_score``); return the active tracks. A face already followed is kept by any detection given,
         so a detector asked for faces below its threshold holds a face that dips under it (hysteresis) while a
         new face still needs the threshold. ``unseen_below``: the detector did not look for faces under this
@@ -163,8 +184,8 @@ class Tracker:
         last detection box) left unmatched is followed on as it was, not counted as missed, and such a
         detection left unmatched starts no track (it may be a followed face moved out of matching reach: the
         next frame that looks for small faces decides)."""
-        affinity = self._affinities(detections).tolist()
-        pairs = sorted(((a, ti, di) for ti, row in enumerate(affinity) for di, a in enumerate(row)), reverse=True)
+        affinities = self._affinities(detections).tolist()
+        pairs = sorted(((a, ti, di) for ti, row in enumerate(affinities) for di, a in enumerate(row)), reverse=True)
         matched_t, matched_d = set(), set()
         for affinity, ti, di in pairs:
             if affinity <= 0 or ti in matched_t or di in matched_d:
@@ -192,25 +213,25 @@ class Tracker:
 
 
     def _affinities(self, detections: np.ndarray) -> np.ndarray:
-        """``(tracks, detections)``: how surely each detection is each track's face: box overlap first (the best
-        of the track's detection box, box and landmarks' box), then nearness of the centres; 0 = not. In float64,
-        the pairs all at once: per pair the arithmetic, and the order of its comparisons, of :func:`iou` and of
-        Python's ``max`` (the first of equals kept), so the matches are as a pair-by-pair loop would make them."""
+        """``(tracks, detections)`` float64: how surely each detection is each track's face (box overlap first, the
+        best of the track's detection box, box and landmarks' box; then nearness of the centres; 0 = not), each as
+        :func:`iou` and Python's ``max`` would make it pair by pair, so the matches are those of that loop."""
         tracks = self.tracks
         if not tracks or not len(detections):
             return np.zeros((len(tracks), len(detections)))
         dets = np.asarray(detections, np.float64)[None, :, :4]  # (1, D, 4): each track against every detection
         box = np.array([t.box for t in tracks], np.float64)[:, None]
-        det_box = np.array([t.det_box if t.det_box is not None else t.box for t in tracks], np.float64)[:, None]
+        ref = np.array([t.det_box if t.det_box is not None else t.box for t in tracks], np.float64)[:, None]
         has_det_box = np.array([t.det_box is not None for t in tracks])[:, None]
-        has_marks = np.array([t.landmarks is not None for t in tracks])
+        has_marks = np.array([t.landmarks is not None for t in tracks])[:, None]
         marks = box.copy()
         if has_marks.any():
-            marks[has_marks, 0] = landmarks_boxes([t.landmarks for t in tracks if t.landmarks is not None])
-        overlap, second, third = _ious(det_box, dets), _ious(box, dets), _ious(marks, dets)
+            marks[has_marks[:, 0], 0] = landmarks_boxes([t.landmarks for t in tracks if t.landmarks is not None])
+        # Python's max over (detection box, box, landmarks' box), the missing ones left out.
+        overlap, second, third = _ious(ref, dets), _ious(box, dets), _ious(marks, dets)
         overlap = np.where(~has_det_box | (second > overlap), second, overlap)
-        overlap = np.where(has_marks[:, None] & (third > overlap), third, overlap)
-        ref = det_box  # the detection box, else the box
+        overlap = np.where(has_marks & (third > overlap), third, overlap)
+        # Nearness: from the detection box, else the box.
         size = ref[..., 2] - ref[..., 0]
         for side in (ref[..., 3] - ref[..., 1], dets[..., 2] - dets[..., 0], dets[..., 3] - dets[..., 1], 1e-6):
             size = _max(size, side)
@@ -221,22 +242,3 @@ class Tracker:
         near = np.where(shift < self.max_shift, _max(0.0, 1.0 - shift / self.max_shift), 0.0)
         return np.where(overlap >= self.iou_threshold, 1.0 + overlap, near)
 
-
-def _max(a, b) -> np.ndarray:
-    """Python's ``max(a, b)`` elementwise: ``a`` unless ``b`` is greater (NaN included)."""
-    return np.where(b > a, b, a)
-
-
-def _min(a, b) -> np.ndarray:
-    """Python's ``min(a, b)`` elementwise: ``a`` unless ``b`` is less."""
-    return np.where(b < a, b, a)
-
-
-def _ious(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """:func:`iou` of boxes broadcast against each other (``(..., 4)``), with its arithmetic."""
-    x1, y1 = _max(a[..., 0], b[..., 0]), _max(a[..., 1], b[..., 1])
-    x2, y2 = _min(a[..., 2], b[..., 2]), _min(a[..., 3], b[..., 3])
-    inter = _max(0.0, x2 - x1) * _max(0.0, y2 - y1)
-    union = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1]) + (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1]) - inter
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(union > 0, inter / union, 0.0)

@@ -184,9 +184,10 @@ class _PairByPair(Tracker):
             len(self.tracks), len(detections))
 
 
-def test_the_matches_are_those_of_the_rule_pair_by_pair_bit_for_bit():
-    # Faces moving, jumping, appearing and leaving; landmarks near their boxes, some broken (NaN), some boxes
-    # degenerate: every frame's tracks (ids, boxes, scores) the same as matched pair by pair.
+def test_the_affinities_and_matches_are_those_of_the_rule_pair_by_pair_bit_for_bit():
+    # Faces moving, jumping, appearing and leaving; tracks whose box is their landmarks' (not their detection's),
+    # some with no detection box, landmarks broken (NaN) or missing; detections degenerate, inverted or NaN. Every
+    # frame: each affinity the same bits, and the tracks (ids, boxes, scores) the same.
     rng = np.random.default_rng(0)
     for _ in range(60):
         fast, slow = Tracker(), _PairByPair()
@@ -196,13 +197,26 @@ def test_the_matches_are_those_of_the_rule_pair_by_pair_bit_for_bit():
         for frame in range(12):
             dets = [np.r_[f + rng.normal(0, rng.choice([1.0, 15.0, 60.0]), 4), rng.uniform(0.5, 1)]
                     for f in faces if rng.random() < 0.85]
+            for f in faces[:2]:  # a box about as far off-centre but far larger: matched by nearness, not overlap
+                centre, half = (f[:2] + f[2:]) / 2 + rng.normal(0, 10, 2), (f[2:] - f[:2]) * rng.uniform(1.5, 2.5) / 2
+                dets.append(np.r_[centre - half, centre + half, rng.uniform(0.5, 1)])
+            odd = rng.random()
+            if odd < 0.1 and dets:
+                dets[0][:4] = dets[0][[2, 3, 0, 1]]  # inverted
+            elif odd < 0.15 and dets:
+                dets[0][2] = np.nan
             dets = np.array(dets).reshape(-1, 5)
+            assert fast._affinities(dets).tobytes() == slow._affinities(dets).tobytes()
             got, want = fast.update(dets, frame), slow.update(dets, frame)
             assert [(t.id, t.box.tolist(), t.score) for t in got] == [(t.id, t.box.tolist(), t.score) for t in want]
-            for tracker in (fast, slow):  # the same landmarks for both
+            for tracker in (fast, slow):  # the same changes to both
                 marks = np.random.default_rng(frame)
                 for t in tracker.tracks:
                     points = t.box[:2] + marks.uniform(0, 1, (68, 2)) * (t.box[2:] - t.box[:2] + 1)
                     if marks.random() < 0.05:
                         points[0, 0] = np.nan
                     t.landmarks = points.astype(np.float32) if marks.random() < 0.7 else None
+                    if marks.random() < 0.5:  # followed from its landmarks: its box is theirs
+                        t.box = t.box + marks.normal(0, 8, 4)
+                    if marks.random() < 0.1:
+                        t.det_box = None

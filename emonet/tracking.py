@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .geometry import box_to_matrix, landmarks_box, landmarks_boxes
+from .geometry import box_to_matrix, landmarks_boxes
 
 SMOOTHING_WEIGHTS = np.array([0.1, 0.1, 0.15, 0.25, 0.4])
 
@@ -78,15 +78,6 @@ class Smoother:
         return w @ self.history[-self.seen:] / w.sum()
 
 
-def iou(a: np.ndarray, b: np.ndarray) -> float:
-    """Intersection over union of two ``x1, y1, x2, y2`` boxes."""
-    x1, y1 = max(a[0], b[0]), max(a[1], b[1])
-    x2, y2 = min(a[2], b[2]), min(a[3], b[3])
-    inter = max(0.0, x2 - x1) * max(0.0, y2 - y1)
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return float(inter / union) if union > 0 else 0.0
-
-
 def _max(a, b) -> np.ndarray:
     """Python's ``max(a, b)`` elementwise: ``a`` unless ``b`` is greater (a NaN ``a`` is kept, a NaN ``b`` not)."""
     return np.where(b > a, b, a)
@@ -98,14 +89,19 @@ def _min(a, b) -> np.ndarray:
 
 
 def _ious(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """:func:`iou` of boxes broadcast against each other (``(..., 4)``), with its arithmetic and comparisons (not
-    NumPy's ``maximum``, which spreads a NaN where Python's ``max`` may not): what a track's matching asks of it."""
+    """:func:`iou` of boxes broadcast against each other (``(..., 4)``), with Python's ``max`` and ``min`` for the
+    corners (not NumPy's ``maximum``, which spreads a NaN where they do not): what a track's matching asks of it."""
     x1, y1 = _max(a[..., 0], b[..., 0]), _max(a[..., 1], b[..., 1])
     x2, y2 = _min(a[..., 2], b[..., 2]), _min(a[..., 3], b[..., 3])
     inter = _max(0.0, x2 - x1) * _max(0.0, y2 - y1)
     union = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1]) + (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1]) - inter
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(union > 0, inter / union, 0.0)
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    """Intersection over union of two ``x1, y1, x2, y2`` boxes (float64)."""
+    return float(_ious(np.asarray(a, np.float64)[:4], np.asarray(b, np.float64)[:4]))
 
 
 @dataclass
@@ -210,7 +206,6 @@ class Tracker:
                 self.tracks.append(Track(self._next_id, box, float(d[4]), det_box=box, det_frame=frame))
                 self._next_id += 1
         return self.active
-
 
     def _affinities(self, detections: np.ndarray) -> np.ndarray:
         """``(tracks, detections)`` float64: how surely each detection is each track's face (box overlap first, the

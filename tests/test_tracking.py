@@ -165,6 +165,14 @@ def test_a_followed_face_is_held_under_the_threshold_a_new_face_needs():
     assert held.id == track.id and held.score == 0.75 and held.det_frame == 10 and len(tracker.tracks) == 1
 
 
+def _scalar_iou(a, b):
+    x1, y1 = max(a[0], b[0]), max(a[1], b[1])
+    x2, y2 = min(a[2], b[2]), min(a[3], b[3])
+    inter = max(0.0, x2 - x1) * max(0.0, y2 - y1)
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return float(inter / union) if union > 0 else 0.0
+
+
 class _PairByPair(Tracker):
     """The matching rule pair by pair, as Python scalars: what Tracker's matrix of affinities must reproduce."""
 
@@ -173,7 +181,7 @@ class _PairByPair(Tracker):
             boxes = [b for b in (track.det_box, track.box,
                                  landmarks_box(track.landmarks) if track.landmarks is not None else None)
                      if b is not None]
-            overlap = max(iou(b, det) for b in boxes)
+            overlap = max(_scalar_iou(b, det) for b in boxes)
             if overlap >= self.iou_threshold:
                 return 1.0 + overlap
             ref = track.det_box if track.det_box is not None else track.box

@@ -99,14 +99,38 @@ def warp_crops_torch(image: torch.Tensor, matrices: Sequence[np.ndarray], size: 
     if frame_index is None or frame_index == list(range(image.shape[0])):  # one crop per frame, in order
         theta = _upload(thetas.astype(np.float32), image.device)
         src = image.float() if frame_index is not None else image.unsqueeze(0).float().expand(n, -1, -1, -1)
-    else:  # the frame numbers travel with the matrices: one upload (exact in float32 below 2**24)
-        packed = _upload(np.concatenate([thetas.reshape(n, 6), np.asarray(frame_index)[:, None]], axis=1)
-                         .astype(np.float32), image.device)
-        theta = packed[:, :6].view(n, 2, 3)
-        src = image.index_select(0, packed[:, 6].long()).float()
+    else:
+        return _warp_grouped(image, thetas, frame_index, size)
     grid = torch.nn.functional.affine_grid(theta, [n, 3, size, size], align_corners=False)
     out = torch.nn.functional.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _warp_grouped(frames: torch.Tensor, thetas: np.ndarray, frame_index: list[int], size: int) -> torch.Tensor:
+    """Crops of a ``(F, 3, H, W)`` stack, crop ``i`` from frame ``frame_index[i]``: each frame's crops side by side
+    in one grid, so that each frame is made float once however many faces it holds (a copy of the frame per crop
+    costs more than the crops: six faces of a 1080p chunk are gigabytes). Every crop's grid and every sampled
+    point's arithmetic are those of one crop alone, so the crops are the same bits."""
+    n = len(thetas)
+    slot, held = np.zeros(n, np.int64), [0] * frames.shape[0]
+    for i, f in enumerate(frame_index):  # the crop's place among its frame's crops
+        slot[i], held[f] = held[f], held[f] + 1
+    k = max(held)
+    # Each crop's place in the grids travels with the matrices: one upload, laid out as a stack's always was
+    # (exact in float32 below 2**24).
+    target = np.asarray(frame_index) * k + slot
+    in_order = n == frames.shape[0] * k and bool((target == np.arange(n)).all())  # k crops a frame, frame by frame
+    packed = _upload(np.concatenate([thetas.reshape(n, 6), target[:, None]], axis=1).astype(np.float32),
+                     frames.device)
+    target = packed[:, 6].long()
+    grid = torch.nn.functional.affine_grid(packed[:, :6].view(n, 2, 3), [n, 3, size, size], align_corners=False)
+    if not in_order:
+        grid = grid.new_zeros(frames.shape[0] * k, size, size, 2).index_copy_(0, target, grid)  # zeros: no crop
+    out = torch.nn.functional.grid_sample(frames.float(), grid.view(frames.shape[0], k * size, size, 2),
+                                          mode="bilinear", padding_mode="zeros", align_corners=False)
+    out = out.round_().clamp_(0, 255).to(torch.uint8).view(frames.shape[0], 3, k, size, size)
+    frame, place = target // k, target % k
+    return out[frame, :, place]
 
 
 def crop_faces(image: Union[np.ndarray, torch.Tensor], matrices: Sequence[np.ndarray],
@@ -186,11 +210,28 @@ def heatmap_coords(heatmaps: torch.Tensor, size: int = CROP_SIZE) -> torch.Tenso
     return torch.stack([xf + 0.25 * dx, yf + 0.25 * dy], dim=2) * (size / w)
 
 
+def invert_many(matrices: Sequence[np.ndarray]) -> np.ndarray:
+    """:func:`invert` of ``(N, 2, 3)`` matrices at once, with OpenCV's arithmetic in OpenCV's order (the same bits)."""
+    m = np.asarray(matrices, dtype=np.float64).reshape(-1, 2, 3)
+    det = m[:, 0, 0] * m[:, 1, 1] - m[:, 0, 1] * m[:, 1, 0]
+    nonzero = det != 0
+    det = np.where(nonzero, 1.0 / np.where(nonzero, det, 1.0), 0.0)
+    a11, a22, a12, a21 = m[:, 1, 1] * det, m[:, 0, 0] * det, -m[:, 0, 1] * det, -m[:, 1, 0] * det
+    b1 = -a11 * m[:, 0, 2] - a12 * m[:, 1, 2]
+    b2 = -a21 * m[:, 0, 2] - a22 * m[:, 1, 2]
+    return np.stack([np.stack([a11, a12, b1], axis=1), np.stack([a21, a22, b2], axis=1)], axis=1)
+
+
 def crop_to_image(matrices: Sequence[np.ndarray], crop_points: np.ndarray) -> np.ndarray:
-    """``(N, K, 2)`` points in each face's crop back to image coordinates (each crop's warp undone)."""
+    """``(N, K, 2)`` points in each face's crop back to image coordinates (each crop's warp undone).
+
+    All faces at once, the same bits as :func:`apply` of :func:`invert` face by face: a stacked ``matmul`` is one
+    BLAS product per face, of the same shapes and memory layout."""
     if not len(crop_points):
         return np.zeros((0, *np.shape(crop_points)[1:]))
-    return np.stack([apply(invert(m), p) for m, p in zip(matrices, np.asarray(crop_points, dtype=np.float64))])
+    inverse = invert_many(matrices)
+    points = np.ascontiguousarray(crop_points, dtype=np.float64)
+    return points @ inverse[:, :, :2].transpose(0, 2, 1) + inverse[:, None, :, 2]
 
 
 def landmarks_to_image(heatmaps: torch.Tensor, matrices: Sequence[np.ndarray]) -> np.ndarray:

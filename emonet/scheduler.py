@@ -191,7 +191,7 @@ class Scheduler:
         stream = torch.cuda.current_stream(self.engine.device) if self.det_stream is not None else None
         for chunk in chunks:
             offset = len(pixels)
-            faces += [replace(f, image=f.image + offset) for f in chunk.pending.faces]
+            faces += [replace(f, image=f.image + offset) for f in chunk.pending.faces] if offset else chunk.pending.faces
             if not chunk.pending.faces:
                 pixels += [None] * len(chunk.frames)  # never read
             elif stream is not None:  # uploaded once (by the reader or decoder), shared with the detector
@@ -206,11 +206,12 @@ class Scheduler:
         The arithmetic runs over every session's faces at once: a step of many streams holds a few faces each."""
         outputs = self.pipeline.read(step.pending)
         faces = [f for chunk in step.chunks for f in chunk.pending.faces]
+        marked = landmarks_boxes(outputs.landmarks)
         # Row by row, as each session alone: a track is in one session's chunk only.
         held, ok = set_many_landmarks([t for chunk in step.chunks for t in chunk.tracks], outputs.landmarks,
                                       references=[r for chunk in step.chunks for r in chunk.references],
-                                      since=[n for chunk in step.chunks for n in chunk.since])
-        own = landmarks_boxes(outputs.landmarks)  # each face's own box: the detection's, else its landmarks'
+                                      since=[n for chunk in step.chunks for n in chunk.since], boxes=marked)
+        own = marked.copy()  # each face's own box: the detection's, else its landmarks'
         detected = np.array([f.detected for f in faces], bool)
         for k, face in enumerate(faces):
             if face.box is not None:

@@ -182,6 +182,20 @@ class VideoPipeline:
         detections = iter(take.boxes)
         planned, tracks, references, since = [], [], [], []
         max_faces = self.pipeline.max_faces
+        made: dict = {}  # track id -> its crop for the frames the detector did not see, and what it came from
+
+        def crop_of(track, shape: tuple) -> np.ndarray:
+            # From the last landmarks or, where the detector saw the face later (earlier in this chunk), from its
+            # box: whichever is newer. Made once for each box, not once a frame (the entry holds the boxes, so
+            # their ids stay theirs while it lives).
+            key = (id(track.crop_box), id(track.box), track.detected_since, shape)
+            if made.get(track.id, (None,))[0] != key:
+                matrix = track.crop_matrix()
+                if matrix is None:
+                    matrix = self.detector.crop_matrix(track.box, shape)
+                made[track.id] = (key, matrix, track.crop_box, track.box)
+            return made[track.id][1].copy()
+
         for i, (frame, is_det) in enumerate(zip(chunk, flags)):
             if is_det:
                 dets = next(detections)
@@ -198,11 +212,7 @@ class VideoPipeline:
                     planned.append(PlannedFace(i, frame.index, track.id, box, track.score, True,
                                                self.detector.crop_matrix(box, frame.shape)))
                 else:
-                    # From the last landmarks or, where the detector saw the face later (earlier in this
-                    # chunk), from its box: whichever is newer.
-                    matrix = track.crop_matrix()
-                    if matrix is None:
-                        matrix = self.detector.crop_matrix(track.box, frame.shape)
+                    matrix = crop_of(track, frame.shape)
                     # No detector score: the detector did not see this frame (rows say detected=0).
                     planned.append(PlannedFace(i, frame.index, track.id, None, float("nan"), False, matrix))
                 tracks.append(track)

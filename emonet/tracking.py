@@ -135,20 +135,23 @@ class Track:
 def set_many_landmarks(tracks: Sequence[Track], landmarks: np.ndarray,
                        frames: Optional[Sequence[Optional[int]]] = None,
                        references: Optional[Sequence[np.ndarray]] = None,
-                       since: Optional[Sequence[int]] = None) -> tuple[np.ndarray, np.ndarray]:
+                       since: Optional[Sequence[int]] = None,
+                       boxes: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
     """:meth:`Track.set_landmarks` for many faces at once (``(n, 68, 2)`` landmarks of the faces' ``frames``; a
     track given more than once keeps its last): per face, its landmarks' box held to its bounds ``(n, 4)`` and
     whether it was within them ``(n,)``. Each face is held to its track's last detection box as the call finds it
     (a track without one, to its ``box`` then), or to ``references``, ``since`` frames before it, where given (the
-    detection as of the face's own frame, when the track has been detected again since)."""
+    detection as of the face's own frame, when the track has been detected again since). ``boxes``: the
+    landmarks' boxes (:func:`~emonet.geometry.landmarks_boxes`), where the caller has made them already."""
     if references is None:
         references = [t.det_box if t.det_box is not None else t.box for t in tracks]
         since = [0 if f is None else f - t.det_frame for t, f in zip(tracks, frames or [None] * len(tracks))]
     references = np.array(references, np.float64).reshape(-1, 4)
-    boxes, ok = bound_boxes(landmarks_boxes(landmarks), references, np.array(since, np.int64))
-    for track, points, box in zip(tracks, landmarks, boxes):
+    held, ok = bound_boxes(landmarks_boxes(landmarks) if boxes is None else boxes, references,
+                           np.array(since, np.int64))
+    for track, points, box in zip(tracks, landmarks, held):
         track.landmarks, track.detected_since, track.crop_box = points, False, box
-    return boxes, ok
+    return held, ok
 
 
 class Tracker:

@@ -100,37 +100,43 @@ def warp_crops_torch(image: torch.Tensor, matrices: Sequence[np.ndarray], size: 
         theta = _upload(thetas.astype(np.float32), image.device)
         src = image.float() if frame_index is not None else image.unsqueeze(0).float().expand(n, -1, -1, -1)
     else:
-        return _warp_grouped(image, thetas, frame_index, size)
+        return _warp_stack(image, thetas, frame_index, size)
     grid = torch.nn.functional.affine_grid(theta, [n, 3, size, size], align_corners=False)
     out = torch.nn.functional.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     return out.round_().clamp_(0, 255).to(torch.uint8)
 
 
-def _warp_grouped(frames: torch.Tensor, thetas: np.ndarray, frame_index: list[int], size: int) -> torch.Tensor:
-    """Crops of a ``(F, 3, H, W)`` stack, crop ``i`` from frame ``frame_index[i]``: each frame's crops side by side
-    in one grid, so that each frame is made float once however many faces it holds (a copy of the frame per crop
-    costs more than the crops: six faces of a 1080p chunk are gigabytes). Every crop's grid and every sampled
-    point's arithmetic are those of one crop alone, so the crops are the same bits."""
-    n = len(thetas)
-    slot, held = np.zeros(n, np.int64), [0] * frames.shape[0]
+def _warp_stack(frames: torch.Tensor, thetas: np.ndarray, frame_index: list[int], size: int) -> torch.Tensor:
+    """Crops of a ``(F, 3, H, W)`` stack, crop ``i`` from frame ``frame_index[i]``, by the cheaper of two ways that
+    give the same bits. Grouped: each frame's crops side by side in one grid, each frame made float once however
+    many faces it holds. Gathered: a float copy of the frame for each crop (six faces of a 1080p chunk are
+    gigabytes), cheaper only where one frame holds many more crops than the rest. Either way every crop's grid
+    and every sampled point's arithmetic are those of the crop alone."""
+    n, (count, height, width) = len(thetas), (frames.shape[0], *frames.shape[-2:])
+    slot, held = np.zeros(n, np.int64), [0] * count
     for i, f in enumerate(frame_index):  # the crop's place among its frame's crops
+        if not 0 <= f < count:
+            raise IndexError(f"crop {i} is of frame {f}; the stack holds {count}")
         slot[i], held[f] = held[f], held[f] + 1
     k = max(held)
-    # Each crop's place in the grids travels with the matrices: one upload, laid out as a stack's always was
-    # (exact in float32 below 2**24).
-    target = np.asarray(frame_index) * k + slot
-    in_order = n == frames.shape[0] * k and bool((target == np.arange(n)).all())  # k crops a frame, frame by frame
+    grouped = count * (height * width + k * size * size) <= n * (height * width + size * size)  # values to write
+    # Where each crop goes travels with the matrices: one upload, laid out as it always was (exact in float32
+    # below 2**24).
+    target = np.asarray(frame_index) * k + slot if grouped else np.asarray(frame_index)
     packed = _upload(np.concatenate([thetas.reshape(n, 6), target[:, None]], axis=1).astype(np.float32),
                      frames.device)
-    target = packed[:, 6].long()
     grid = torch.nn.functional.affine_grid(packed[:, :6].view(n, 2, 3), [n, 3, size, size], align_corners=False)
-    if not in_order:
-        grid = grid.new_zeros(frames.shape[0] * k, size, size, 2).index_copy_(0, target, grid)  # zeros: no crop
-    out = torch.nn.functional.grid_sample(frames.float(), grid.view(frames.shape[0], k * size, size, 2),
+    if not grouped:
+        src = frames.index_select(0, packed[:, 6].long()).float()
+        out = torch.nn.functional.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        return out.round_().clamp_(0, 255).to(torch.uint8)
+    if not (n == count * k and (target == np.arange(n)).all()):  # unless k crops a frame, frame by frame
+        grid = grid.new_zeros(count * k, size, size, 2).index_copy_(0, packed[:, 6].long(), grid)  # zeros: no crop
+    out = torch.nn.functional.grid_sample(frames.float(), grid.view(count, k * size, size, 2),
                                           mode="bilinear", padding_mode="zeros", align_corners=False)
-    out = out.round_().clamp_(0, 255).to(torch.uint8).view(frames.shape[0], 3, k, size, size)
-    frame, place = target // k, target % k
-    return out[frame, :, place]
+    out = out.round_().clamp_(0, 255).to(torch.uint8).view(count, 3, k, size, size)
+    target = packed[:, 6].long()
+    return out[target // k, :, target % k]
 
 
 def crop_faces(image: Union[np.ndarray, torch.Tensor], matrices: Sequence[np.ndarray],
@@ -225,12 +231,14 @@ def invert_many(matrices: Sequence[np.ndarray]) -> np.ndarray:
 def crop_to_image(matrices: Sequence[np.ndarray], crop_points: np.ndarray) -> np.ndarray:
     """``(N, K, 2)`` points in each face's crop back to image coordinates (each crop's warp undone).
 
-    All faces at once, the same bits as :func:`apply` of :func:`invert` face by face: a stacked ``matmul`` is one
-    BLAS product per face, of the same shapes and memory layout."""
+    All faces at once, the same values as :func:`apply` of :func:`invert` face by face, bit for bit (a NaN's sign
+    aside): a stacked ``matmul`` is one BLAS product per face, of the same shapes and memory layout."""
     if not len(crop_points):
         return np.zeros((0, *np.shape(crop_points)[1:]))
     inverse = invert_many(matrices)
     points = np.ascontiguousarray(crop_points, dtype=np.float64)
+    if len(inverse) != len(points):
+        raise ValueError(f"{len(inverse)} crop matrices for {len(points)} faces' points")
     return points @ inverse[:, :, :2].transpose(0, 2, 1) + inverse[:, None, :, 2]
 
 

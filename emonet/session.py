@@ -182,19 +182,19 @@ class VideoPipeline:
         detections = iter(take.boxes)
         planned, tracks, references, since = [], [], [], []
         max_faces = self.pipeline.max_faces
-        made: dict = {}  # track id -> its crop for the frames the detector did not see, and what it came from
+        made: dict[int, tuple] = {}  # track id -> what its last crop came from, and the crop
 
         def crop_of(track, shape: tuple) -> np.ndarray:
             # From the last landmarks or, where the detector saw the face later (earlier in this chunk), from its
-            # box: whichever is newer. Made once for each box, not once a frame (the entry holds the boxes, so
-            # their ids stay theirs while it lives).
-            key = (id(track.crop_box), id(track.box), track.detected_since, shape)
-            if made.get(track.id, (None,))[0] != key:
+            # box: whichever is newer. Made once for each box, not once a frame.
+            known = made.get(track.id)
+            if not (known and known[0] is track.crop_box and known[1] is track.box
+                    and known[2:4] == (track.detected_since, shape)):
                 matrix = track.crop_matrix()
                 if matrix is None:
                     matrix = self.detector.crop_matrix(track.box, shape)
-                made[track.id] = (key, matrix, track.crop_box, track.box)
-            return made[track.id][1].copy()
+                known = made[track.id] = (track.crop_box, track.box, track.detected_since, shape, matrix)
+            return known[4].copy()
 
         for i, (frame, is_det) in enumerate(zip(chunk, flags)):
             if is_det:

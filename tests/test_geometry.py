@@ -73,15 +73,17 @@ def test_landmarks_go_back_to_image_coordinates():
 def test_points_go_back_for_many_faces_at_once_with_the_bits_of_one_face_at_a_time():
     from emonet.geometry import crop_to_image
     rng = np.random.default_rng(4)
-    for n in (1, 2, 7, 40):
-        matrices = [box_to_matrix(np.r_[xy, xy + rng.uniform(5, 400, 2)]) for xy in rng.uniform(-50, 1900, (n, 2))]
-        matrices += [rng.normal(0, 3, (2, 3)) for _ in range(n)]  # any affine, not only a crop's
-        matrices += [np.array([[2.0, 4.0, 1.0], [1.0, 2.0, -3.0]]), np.array([[-1.0, 0.0, 5.0], [0.0, 0.0, 2.0]])]
-        points = rng.normal(128, 90, (len(matrices), 68, 2))
+    singular = [np.array([[2.0, 4.0, 1.0], [1.0, 2.0, -3.0]]), np.array([[-1.0, 0.0, 5.0], [0.0, 0.0, 2.0]])]
+    for crops, points_each, dtype in ((1, 68, np.float64), (3, 68, np.float32), (10, 5, np.float64), (20, 1, np.float64)):
+        matrices = [box_to_matrix(np.r_[xy, xy + rng.uniform(5, 400, 2)]) for xy in rng.uniform(-50, 1900, (crops, 2))]
+        matrices += [rng.normal(0, 3, (2, 3)) for _ in range(crops - 1)] + singular[:crops - 1]  # any affine
+        points = rng.normal(128, 90, (len(matrices), points_each, 2)).astype(dtype)
         one_by_one = np.stack([apply(invert(m), p) for m, p in zip(matrices, points)])  # OpenCV's inverse, each
         got = crop_to_image(matrices, points)
         assert got.shape == points.shape and got.tobytes() == one_by_one.tobytes()  # singular ones' signed zeros too
     assert crop_to_image([], np.zeros((0, 68, 2))).shape == (0, 68, 2)
+    with pytest.raises(ValueError, match="2 crop matrices for 3 faces"):
+        crop_to_image(matrices[:2], np.zeros((3, 68, 2)))
 
 
 def test_landmarks_box():
@@ -118,11 +120,14 @@ def test_crops_from_a_stack_of_frames_equal_crops_frame_by_frame():
         alone = warp_crops_torch(torch.from_numpy(frames[i]).permute(2, 0, 1), [m])[0]
         assert torch.equal(together[k], alone)
     one_each = [box_to_matrix([20 + 5 * i, 10, 90, 100]) for i in range(3)]  # frame i's crop: no gather
+    two_each = [(i, box_to_matrix([10 + 7 * i + 3 * j, 5 * j, 100 - j, 110])) for i in range(3) for j in range(2)]
     in_order = warp_crops_torch(stack, one_each, frame_index=[0, 1, 2])
     for i, m in enumerate(one_each):
         assert torch.equal(in_order[i], warp_crops_torch(torch.from_numpy(frames[i]).permute(2, 0, 1), [m])[0])
-    two_each = [(i, box_to_matrix([10 + 7 * i + 3 * j, 5 * j, 100 - j, 110])) for i in range(3) for j in range(2)]
-    for wanted_here in (two_each, two_each[::-1], two_each[1:]):  # frame by frame; in any order; a frame short
+    crowded = [(1, box_to_matrix([5 * j, 3 * j, 80 + j, 90])) for j in range(6)] + [(0, one_each[0])]
+    # Frame by frame and in any order (each frame's crops side by side, on these frames), a frame short, or one
+    # frame holding most (a copy of the frame for each crop): the same bits either way.
+    for wanted_here in (two_each, two_each[::-1], two_each[1:], crowded):
         together_here = warp_crops_torch(stack, [m for _, m in wanted_here], frame_index=[i for i, _ in wanted_here])
         assert together_here.shape == (len(wanted_here), 3, 256, 256)
         for k, (i, m) in enumerate(wanted_here):

@@ -101,7 +101,11 @@ def warp_crops_torch(image: torch.Tensor, matrices: Sequence[np.ndarray], size: 
         src = image.float() if frame_index is not None else image.unsqueeze(0).float().expand(n, -1, -1, -1)
     else:
         return _warp_stack(image, thetas, frame_index, size)
-    grid = torch.nn.functional.affine_grid(theta, [n, 3, size, size], align_corners=False)
+    return _sample(src, torch.nn.functional.affine_grid(theta, [n, 3, size, size], align_corners=False))
+
+
+def _sample(src: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """``grid_sample`` of float images (bilinear, zero border, OpenCV's pixel centres), rounded to uint8."""
     out = torch.nn.functional.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     return out.round_().clamp_(0, 255).to(torch.uint8)
 
@@ -126,17 +130,13 @@ def _warp_stack(frames: torch.Tensor, thetas: np.ndarray, frame_index: list[int]
     packed = _upload(np.concatenate([thetas.reshape(n, 6), target[:, None]], axis=1).astype(np.float32),
                      frames.device)
     grid = torch.nn.functional.affine_grid(packed[:, :6].view(n, 2, 3), [n, 3, size, size], align_corners=False)
+    place = packed[:, 6].long()
     if not grouped:
-        src = frames.index_select(0, packed[:, 6].long()).float()
-        out = torch.nn.functional.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-        return out.round_().clamp_(0, 255).to(torch.uint8)
+        return _sample(frames.index_select(0, place).float(), grid)
     if not (n == count * k and (target == np.arange(n)).all()):  # unless k crops a frame, frame by frame
-        grid = grid.new_zeros(count * k, size, size, 2).index_copy_(0, packed[:, 6].long(), grid)  # zeros: no crop
-    out = torch.nn.functional.grid_sample(frames.float(), grid.view(count, k * size, size, 2),
-                                          mode="bilinear", padding_mode="zeros", align_corners=False)
-    out = out.round_().clamp_(0, 255).to(torch.uint8).view(count, 3, k, size, size)
-    target = packed[:, 6].long()
-    return out[target // k, :, target % k]
+        grid = grid.new_zeros(count * k, size, size, 2).index_copy_(0, place, grid)  # zeros: no crop
+    out = _sample(frames.float(), grid.view(count, k * size, size, 2)).view(count, 3, k, size, size)
+    return out[place // k, :, place % k]
 
 
 def crop_faces(image: Union[np.ndarray, torch.Tensor], matrices: Sequence[np.ndarray],
@@ -178,8 +178,8 @@ def to_tensor(crops: np.ndarray) -> torch.Tensor:
 
 
 def invert(matrix: np.ndarray) -> np.ndarray:
-    """Inverse of a 2x3 affine matrix."""
-    return cv2.invertAffineTransform(np.asarray(matrix, dtype=np.float64))
+    """Inverse of a 2x3 affine matrix (:func:`invert_many` of one)."""
+    return invert_many([matrix])[0]
 
 
 def apply(matrix: np.ndarray, points: np.ndarray) -> np.ndarray:
@@ -217,7 +217,8 @@ def heatmap_coords(heatmaps: torch.Tensor, size: int = CROP_SIZE) -> torch.Tenso
 
 
 def invert_many(matrices: Sequence[np.ndarray]) -> np.ndarray:
-    """:func:`invert` of ``(N, 2, 3)`` matrices at once, with OpenCV's arithmetic in OpenCV's order (the same bits)."""
+    """Inverses of ``(N, 2, 3)`` affine matrices at once: OpenCV's ``invertAffineTransform`` arithmetic in its order
+    (the same bits)."""
     m = np.asarray(matrices, dtype=np.float64).reshape(-1, 2, 3)
     det = m[:, 0, 0] * m[:, 1, 1] - m[:, 0, 1] * m[:, 1, 0]
     nonzero = det != 0
@@ -232,7 +233,7 @@ def crop_to_image(matrices: Sequence[np.ndarray], crop_points: np.ndarray) -> np
     """``(N, K, 2)`` points in each face's crop back to image coordinates (each crop's warp undone).
 
     All faces at once, the same values as :func:`apply` of :func:`invert` face by face, bit for bit (a NaN's sign
-    aside): a stacked ``matmul`` is one BLAS product per face, of the same shapes and memory layout."""
+    aside): a stacked ``matmul`` is one BLAS product per face, of the same shape and memory layout as ``apply``'s."""
     if not len(crop_points):
         return np.zeros((0, *np.shape(crop_points)[1:]))
     inverse = invert_many(matrices)

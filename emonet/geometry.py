@@ -48,8 +48,10 @@ def landmarks_box(landmarks: np.ndarray) -> np.ndarray:
 
 def landmarks_boxes(landmarks: np.ndarray) -> np.ndarray:
     """:func:`landmarks_box` of ``(n, 68, 2)`` landmarks at once: ``(n, 4)``."""
-    pts = np.asarray(landmarks, dtype=np.float64)
-    return np.concatenate([pts.min(axis=1), pts.max(axis=1)], axis=1)
+    # x and y each made one contiguous row per face first: numpy reduces a contiguous last axis many times faster
+    # than the strided middle one, and a minimum is the same whichever way it is taken.
+    pts = np.ascontiguousarray(np.asarray(landmarks, dtype=np.float64).transpose(0, 2, 1))
+    return np.concatenate([pts.min(axis=2), pts.max(axis=2)], axis=1)
 
 
 def warp_crops(image: np.ndarray, matrices: Sequence[np.ndarray], size: int = CROP_SIZE) -> np.ndarray:

@@ -91,6 +91,18 @@ def test_landmarks_box():
     assert landmarks_box(np.array([[3, 4], [10, 1], [5, 9]])).tolist() == [3, 1, 10, 9]
 
 
+def test_landmarks_boxes_are_each_faces_box():
+    from emonet.geometry import landmarks_boxes
+    pts = np.random.default_rng(3).normal(500, 200, (9, 68, 2)).astype(np.float32)
+    pts[2, 7, 1] = np.nan  # a NaN landmark makes its coordinate's bounds NaN, as numpy's min and max do
+    got = landmarks_boxes(pts)
+    want = [[p[:, 0].min(), p[:, 1].min(), p[:, 0].max(), p[:, 1].max()] for p in pts.astype(np.float64)]
+    assert got.dtype == np.float64 and got.shape == (9, 4)
+    np.testing.assert_array_equal(got, np.array(want))
+    assert np.isnan(got[2, [1, 3]]).all() and not np.isnan(got[2, [0, 2]]).any()
+    assert landmarks_boxes(np.zeros((0, 68, 2))).shape == (0, 4)
+
+
 def test_device_warp_equals_opencv_warp():
     from emonet.geometry import to_tensor, warp_crops_torch
     image = (np.random.default_rng(1).random((200, 300, 3)) * 255).astype(np.uint8)

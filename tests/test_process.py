@@ -1,6 +1,8 @@
 """The drawing process, and the same drawing in this process: chunks of frames with their faces in,
 annotated videos out, the same frames as the canvas draws; videos that overlap; a process that ends is one
 clear error. On the CPU here, on the GPU (through the frame ring) where there is one."""
+import time
+
 import av
 import numpy as np
 import pytest
@@ -34,7 +36,16 @@ def decoded(path) -> list[np.ndarray]:
         return [f.to_ndarray(format="yuv420p") for f in container.decode(video=0)]
 
 
-@pytest.fixture(params=[DrawingProcess, LocalDrawing])
+def planned_apart(device) -> LocalDrawing:
+    """Drawn here, planned in the planning process once it is up (the first chunks may be planned here)."""
+    return LocalDrawing(device, plan_apart=True)
+
+
+def planned_here(device) -> LocalDrawing:
+    return LocalDrawing(device, plan_apart=False)
+
+
+@pytest.fixture(params=[DrawingProcess, planned_here, planned_apart])
 def drawing(request):
     drawing = request.param(DEVICE)
     yield drawing
@@ -70,7 +81,7 @@ def test_the_video_has_every_frame_drawn_as_the_canvas_draws_it(drawing, tmp_pat
     for i, frame in enumerate(out):
         errors = [np.abs(frame - e.astype(int)).mean() for e in expected]
         assert int(np.argmin(errors)) == i and errors[i] < 2.0
-    assert set(drawn.seconds) == {"plan", "draw", "to encoders", "encoder wait", "encode"}
+    assert set(drawn.seconds) == {"plan", "plan wait", "draw", "to encoders", "encoder wait", "encode"}
     assert drawn.cpu["encoding"] > 0 and drawn.apart == isinstance(drawing, DrawingProcess)
     assert drawn.cpu.get("drawing", 1.0) > 0  # apart: its own CPU time (else it is this process's)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mp4"]
@@ -115,3 +126,42 @@ def test_a_failing_encoder_is_one_clear_error(drawing, tmp_path):
             drawing.put(video, frames(4, start), list(range(start, start + 4)), *chunk_faces(4))
     with pytest.raises(OutputError, match="^writing the annotated video failed: "):
         drawing.finish(video)
+
+
+def _wait_for(condition, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not up in time"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("planning_ends", [False, True])
+def test_planned_apart_or_here_the_video_is_the_same(tmp_path, planning_ends):
+    """Planned here, then in the planning process once it is up (and, if it ends, here again): frame for frame
+    the video planned here throughout; the kept sprites (a face's disc, "no face") survive each change."""
+    chunks = [(0, 7), (7, 9), (16, 6), (22, 8), (30, 5)]
+    videos = {}
+    for name, plan_apart in (("here", False), ("apart", True)):
+        drawing = LocalDrawing(DEVICE, plan_apart=plan_apart)
+        try:
+            video = drawing.open(tmp_path / f"{name}.mp4", 25.0, NAMES)
+            for k, (start, n) in enumerate(chunks):
+                if plan_apart and k == 1:
+                    _wait_for(lambda: drawing.plans_apart)
+                if plan_apart and planning_ends and k == 3:
+                    drawing._planning._helper.proc.kill()
+                # Faces of a size per chunk, the first chunk's again later: each size's disc is kept, in each
+                # planner's atlas at its own place.
+                grow = 20 * (0, 1, 2, 0, 1)[k]
+                faces = [[(face((40.0, 30.0, 130.0 + grow, 120.0 + grow)), [(0.1 * (i % 5), -0.2)])]
+                         if i % 3 else [] for i in range(n)]
+                drawing.put(video, frames(n, start), list(range(start, start + n)), faces,
+                            [[PALETTE[0]] * len(f) for f in faces])
+            videos[name] = drawing.finish(video)
+        finally:
+            drawing.close()
+    assert videos["here"].seconds["plan wait"] == 0 and videos["apart"].seconds["plan wait"] > 0
+    assert 0 < videos["apart"].not_in_put < sum(v for k, v in videos["apart"].seconds.items() if k != "encode")
+    here, apart = decoded(videos["here"].path), decoded(videos["apart"].path)
+    assert len(here) == len(apart) == 35
+    assert all(np.array_equal(a, b) for a, b in zip(here, apart))

@@ -132,7 +132,8 @@ def report(run: "VideoRun", config: "VideoConfig") -> None:
     per = ", ".join(f"{k} {1e3 * v / max(frames, 1):.2f}" for k, v in shown.items())
     others = ""
     if drawn is not None:
-        others = (f"{'; plan, draw, to encoders and encoder wait in the drawing process' if drawn.apart else ''}; "
+        others = (f"{'; plan, draw, to encoders and encoder wait in the drawing process' if drawn.apart else ''}"
+                  f"{'; plan in a planning process once it was up' if drawn.seconds.get('plan wait') else ''}; "
                   f"encode in the encoding process")
     where = ("is NVDEC's, on the GPU" if run.source.nvdec
              else "runs in a process of its own, its conversion to RGB in a thread of this one")

@@ -85,14 +85,17 @@ class _Sprite:
 class Planner:
     """``plan(shapes, faces, colors)``: one chunk's :class:`ChunkMarks`; chunks of one video, in order.
 
-    The first frame's size is the video's; a frame of another size has its faces scaled to it (the canvas
-    resizes its pixels).
+    The first frame's size is the video's (unless given); a frame of another size has its faces scaled to it
+    (the canvas resizes its pixels). Plans of one video made by two planners (one after the other) are drawn
+    alike: each one's first kept sprite starts the canvas's atlas again.
     """
 
-    def __init__(self, class_names: Sequence[str], banner: bool = False) -> None:
+    def __init__(self, class_names: Sequence[str], banner: bool = False,
+                 shape: Optional[tuple[int, int]] = None) -> None:
+        """``shape``: the (H, W) of the video's frames, if known (else the first chunk's first frame's)."""
         self.class_names = list(class_names)
         self.banner = banner  # a banner across the top: marks go below it
-        self.shape: Optional[tuple[int, int]] = None
+        self.shape: Optional[tuple[int, int]] = tuple(shape) if shape else None
         self._atlas: dict[Hashable, tuple[int, int]] = {}  # key -> (first pixel, width) in the atlas
         self._atlas_size = 0
 

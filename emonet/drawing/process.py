@@ -10,6 +10,7 @@ from __future__ import annotations
 import pickle
 import resource
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -23,7 +24,8 @@ from ..io.encode_worker import WORKER_ENV, Spare
 from ..io.helper import HelperClient, start_helper
 from ..errors import HelperError, OutputError
 from .canvas import VideoCanvas
-from .marks import Planner, coded_size
+from .marks import ChunkMarks, Planner, coded_size
+from .planning import PlanningProcess
 
 SLOTS = 3  # chunks in the GPU frame ring: one being drawn, one waiting, one being copied in
 RING_BYTES = 1 << 30  # the GPU frame ring's size, at most (a chunk's slot holds fewer frames of large videos)
@@ -34,11 +36,14 @@ class DrawnVideo:
     """How an annotated video's drawing and encoding went."""
 
     path: Optional[Path]                 # the video, None when no frame was written
-    seconds: dict[str, float]            # in the drawing process: plan, draw, to encoders, encoder wait;
+    seconds: dict[str, float]            # where it is drawn: plan, plan wait (for a planning process), draw,
+                                         # to encoders, encoder wait;
                                          # encode: the encoders'
     cpu: dict[str, float] = field(default_factory=dict)  # CPU-seconds: drawing, encoding
     resized: bool = False                # the video changed frame size; frames were resized to the first's
     apart: bool = True                   # drawn in a process of its own (else in the analysing one)
+    not_in_put: float = 0.0              # drawn in the analysing one: of ``seconds`` (but encode), those not
+                                         # spent within put() (planned in a planning process; drawn at finish)
 
     @classmethod
     def from_report(cls, report: dict, apart: bool = True) -> "DrawnVideo":
@@ -47,7 +52,7 @@ class DrawnVideo:
             raise _failure(report["error"])
         cpu = report["cpu"] if apart else {"encoding": report["cpu"]["encoding"]}  # else in this process's
         return cls(Path(report["path"]) if report["path"] else None, {**report["seconds"], "encode": report["encode"]},
-                   cpu, report["resized"], apart)
+                   cpu, report["resized"], apart, report["not in put"])
 
 
 def _failure(error: str, died: bool = False) -> OutputError:
@@ -68,9 +73,11 @@ class VideoDrawing:
 
     def __init__(self, spec: dict, device, spare: Optional[Spare] = None) -> None:
         """``spare``: where the video's first encoder is taken from (started ahead), if given."""
-        self.planner = Planner(spec["class_names"], banner=bool(spec["banner"]))
+        self.class_names, self.banner = spec["class_names"], bool(spec["banner"])
+        self.planner = Planner(self.class_names, banner=self.banner)
         self.canvas = VideoCanvas(spec["class_names"], spec["banner"], device)
-        self.seconds = dict.fromkeys(("plan", "draw", "to encoders", "encoder wait"), 0.0)
+        self.seconds = dict.fromkeys(("plan", "plan wait", "draw", "to encoders", "encoder wait"), 0.0)
+        self.not_in_put = 0.0  # of the seconds above, those not spent within put() (see DrawnVideo)
         self.cpu0 = _cpu()
         self.writer, self.failed = None, None
         try:  # its encoders start now, and its ring where the frames' size is known
@@ -82,15 +89,23 @@ class VideoDrawing:
 
     def draw(self, images: list, indices: list, faces: list, colors: list) -> None:
         """Plan, draw and hand over one chunk."""
+        self.render(images, indices, self.plan([tuple(i.shape[:2]) for i in images], faces, colors))
+
+    def plan(self, shapes: list, faces: list, colors: list) -> ChunkMarks:
+        """One chunk's marks, planned here."""
         t0 = time.perf_counter()
-        marks = self.planner.plan([tuple(i.shape[:2]) for i in images], faces, colors)
+        marks = self.planner.plan(shapes, faces, colors)
+        self.seconds["plan"] += time.perf_counter() - t0
+        return marks
+
+    def render(self, images: list, indices: list, marks: ChunkMarks) -> None:
+        """Draw one chunk's planned ``marks`` and hand it over."""
         t1 = time.perf_counter()
         drawn = self.canvas.render(images, marks)
         t2 = time.perf_counter()
         waited = self.writer.wait_seconds
         self.writer.put(indices, drawn, self.canvas.size)
         waited = self.writer.wait_seconds - waited
-        self.seconds["plan"] += t1 - t0
         self.seconds["draw"] += t2 - t1
         self.seconds["to encoders"] += time.perf_counter() - t2 - waited
         self.seconds["encoder wait"] += waited
@@ -105,7 +120,7 @@ class VideoDrawing:
             except Exception as exc:  # noqa: BLE001
                 self.failed = self.failed or f"{exc}"
         return {"path": str(path) if path else None, "seconds": self.seconds, "error": self.failed,
-                "resized": self.canvas.resized,
+                "resized": self.canvas.resized, "not in put": self.not_in_put,
                 "encode": writer.encode_seconds if writer else 0.0,
                 "cpu": {"drawing": _cpu() - self.cpu0,
                         "encoding": sum(writer.cpu_seconds.values()) if writer else 0.0}}
@@ -277,15 +292,38 @@ class DrawingProcess:
         self._events = self._copied = []
 
 
-class LocalDrawing:
-    """What :class:`DrawingProcess` does, in this process: for jobs too short to repay the process's start-up."""
+@dataclass
+class _Planned:
+    """A chunk handed over, its marks being planned in the planning process, not yet drawn."""
 
-    def __init__(self, device: Union[str, torch.device]) -> None:
+    images: list
+    indices: list
+    shapes: list
+    faces: list
+    colors: list
+
+
+class LocalDrawing:
+    """What :class:`DrawingProcess` does, in this process: for jobs too short to repay the process's start-up.
+
+    With ``plan_apart`` (by default where the frames are on a GPU), the marks are planned in a
+    :class:`~emonet.drawing.planning.PlanningProcess` (started at once, up in a fraction of a second): a chunk
+    put is planned there while the next one is analysed, and drawn here as the next one is put (or at
+    :meth:`finish`). Until it is up, or if it fails, chunks are planned here; the frames are the same.
+    """
+
+    def __init__(self, device: Union[str, torch.device], plan_apart: Optional[bool] = None) -> None:
         self.device = torch.device(device)
-        self.wait_seconds = 0.0  # never waits: drawing is done in :meth:`put`
+        self.wait_seconds = 0.0  # never waits for another process's drawing: it is done here
         self._videos: dict[int, VideoDrawing] = {}
+        self._planned: dict[int, deque] = {}  # per video: its chunks planned apart, in order, not yet drawn
+        self._apart: dict[int, bool] = {}  # per video: its chunks go to the planning process
+        self._shapes: dict[int, tuple[int, int]] = {}  # per video: its frames' (H, W), once a chunk has come
         self._count = 0
         self._spare = Spare()  # the encoder of the first video, then of each next one
+        if plan_apart is None:
+            plan_apart = self.device.type == "cuda"
+        self._planning = PlanningProcess() if plan_apart else None
 
     def open(self, path: Union[str, Path], fps: float, class_names: Sequence[str], banner: Optional[str] = None,
              codec: str = "h264", frame: Optional[tuple[int, int]] = None) -> int:
@@ -294,26 +332,99 @@ class LocalDrawing:
         self._videos[self._count] = VideoDrawing({"path": str(path), "fps": fps, "class_names": list(class_names),
                                                   "banner": banner, "codec": codec, "frame": frame},
                                                  self.device, self._spare)
+        self._planned[self._count] = deque()
+        self._apart[self._count] = False
         return self._count
 
     def put(self, video: int, images: Sequence[torch.Tensor], indices: Sequence[int], faces: Sequence,
             colors: Sequence) -> None:
-        """As :meth:`DrawingProcess.put`, drawn before it returns."""
+        """As :meth:`DrawingProcess.put`: drawn before it returns, or, planned apart, as the next chunk is put."""
         drawing = self._videos[video]
         if drawing.failed is None and len(images):
             try:
-                drawing.draw(list(images), list(indices), list(faces), list(colors))
+                shapes = [tuple(i.shape[:2]) for i in images]
+                self._shapes.setdefault(video, shapes[0])
+                if self._plans_apart(video):
+                    self._planning.plan(video, shapes, list(faces), list(colors))
+                    self._planned[video].append(_Planned(list(images), list(indices), shapes, list(faces),
+                                                         list(colors)))
+                    self._draw_planned(video, keep=1)
+                else:
+                    drawing.draw(list(images), list(indices), list(faces), list(colors))
             except OutputError as exc:
                 drawing.failed = f"{exc}"
         if drawing.failed is not None:
+            self._planned[video].clear()
             raise _failure(drawing.failed)
+
+    @property
+    def plans_apart(self) -> bool:
+        """A chunk of a video put from now on is planned in the planning process (it is up)."""
+        return self._planning is not None and self._planning.ready
+
+    def _plans_apart(self, video: int) -> bool:
+        """Whether ``video``'s next chunk goes to the planning process: from the first chunk put once it is up
+        (its plans then start from the video's frame size), as long as it plans them."""
+        if not self._apart[video] and self.plans_apart:
+            self._apart[video] = True
+            self._planning.open(video, self._videos[video].class_names, self._videos[video].banner,
+                                self._shapes[video])
+        return self._apart[video]
+
+    def _draw_planned(self, video: int, keep: int = 0) -> None:
+        """Draw ``video``'s chunks planned apart, oldest first, waiting for their marks, all but the last
+        ``keep``. Where the planning process has ended or could not plan one, they are planned here: by a
+        new planner, whose marks start the canvas's atlas again."""
+        drawing, planned = self._videos[video], self._planned[video]
+        while len(planned) > keep:
+            chunk = planned[0]
+            taken = None
+            if self._apart[video]:
+                t0 = time.perf_counter()
+                taken = self._planning.take(video)
+                drawing.seconds["plan wait"] += time.perf_counter() - t0
+                if taken is None:  # planned here from now on
+                    self._apart[video] = False
+                    self._planning.close_video(video)
+                    drawing.planner = Planner(drawing.class_names, banner=drawing.banner, shape=self._shapes[video])
+            if taken is not None:
+                marks, seconds = taken
+                drawing.seconds["plan"] += seconds
+                drawing.not_in_put += seconds
+            else:
+                marks = drawing.plan(chunk.shapes, chunk.faces, chunk.colors)
+            planned.popleft()
+            drawing.render(chunk.images, chunk.indices, marks)
 
     def finish(self, video: int) -> DrawnVideo:
         """As :meth:`DrawingProcess.finish`."""
-        return DrawnVideo.from_report(self._videos.pop(video).close(), apart=False)
+        return DrawnVideo.from_report(self._end(video), apart=False)
+
+    def _end(self, video: int) -> dict:
+        """Draw ``video``'s chunks still planned apart, finish it; its report."""
+        drawing = self._videos[video]
+        try:
+            if drawing.failed is None:
+                before, apart = sum(drawing.seconds.values()), drawing.not_in_put
+                try:
+                    self._draw_planned(video)
+                except OutputError as exc:
+                    drawing.failed = f"{exc}"
+                drawing.not_in_put = apart + sum(drawing.seconds.values()) - before  # all of it: not in put()
+        finally:
+            self._planned.pop(video, None)
+            self._shapes.pop(video, None)
+            if self._apart.pop(video, False):
+                self._planning.close_video(video)
+            report = self._videos.pop(video).close()
+        return report
 
     def close(self, now: bool = False) -> None:
-        """Finish the videos still open."""
-        for video in list(self._videos):
-            self._videos.pop(video).close()
-        self._spare.close()
+        """Finish the videos still open (with every frame put), and end the planning process."""
+        try:
+            for video in list(self._videos):
+                self._end(video)
+        finally:
+            if self._planning is not None:
+                self._planning.close()
+            self._spare.close()

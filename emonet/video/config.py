@@ -8,11 +8,12 @@ from ..build import ModelOptions
 
 # The stages a run's time is reported by. This process: decode (the decoder's own clock), detect, emonet
 # (track, crop, network), results (the sinks' rows and summaries), hand-over (frames to the drawing), drawing
-# wait (for it, when it is behind). Where the video is drawn: plan (what is drawn: NumPy, OpenCV), draw
-# (drawing it: torch), to encoders (copying drawn frames out), encoder wait (for the encoders' free slots),
-# encode (the encoders').
-STAGES = ("decode", "detect", "emonet", "results", "hand-over", "drawing wait", "plan", "draw", "to encoders",
-          "encoder wait", "encode")
+# wait (for it, when it is behind). Where the video is drawn: plan (what is drawn: NumPy, OpenCV; for a video
+# drawn in this process, in a planning process of its own once it is up), plan wait (for that process's plan),
+# draw (drawing it: torch), to encoders (copying drawn frames out), encoder wait (for the encoders' free
+# slots), encode (the encoders').
+STAGES = ("decode", "detect", "emonet", "results", "hand-over", "drawing wait", "plan", "plan wait", "draw",
+          "to encoders", "encoder wait", "encode")
 # Frames drawn at once on a GPU (at least a chunk): each drawing call's host work is mostly a fixed number of
 # tensor operations, spread over more frames; the frames wait on the GPU meanwhile (about 3 MB each at 720p).
 DRAW_FRAMES = 32

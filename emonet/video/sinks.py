@@ -266,8 +266,9 @@ class AnnotatedSink(Sink):
             self._hand_over()
         finally:
             self.drawn = self.drawing.finish(self.number)
-        if not self.drawn.apart:  # drawn within put(): the hand-over's time is the drawing's stages
-            self.seconds["hand-over"] -= sum(v for k, v in self.drawn.seconds.items() if k != "encode")
+        if not self.drawn.apart:  # drawn within put(): the hand-over's time holds the drawing's stages
+            self.seconds["hand-over"] -= (sum(v for k, v in self.drawn.seconds.items() if k != "encode")
+                                          - self.drawn.not_in_put)
         self.seconds.update(self.drawn.seconds)
         run.video_path = self.drawn.path
         run.drawn = self.drawn

@@ -24,7 +24,8 @@ from ..io.encode_worker import WORKER_ENV, Spare
 from ..io.helper import HelperClient, start_helper
 from ..errors import HelperError, OutputError
 from .canvas import VideoCanvas
-from .marks import ChunkMarks, Planner, coded_size
+from .marks import ChunkMarks, Planner, coded_size, panel_layout
+from .opencv import disc_sprite
 from .planning import PlanningProcess
 
 SLOTS = 3  # chunks in the GPU frame ring: one being drawn, one waiting, one being copied in
@@ -335,6 +336,11 @@ class LocalDrawing:
         self._planned[self._count] = deque()
         self._apart[self._count] = False
         return self._count
+
+    def warm(self, frame: tuple[int, int]) -> None:
+        """Make the panel's sprite of frames of ``frame`` = (H, W) now (OpenCV's font loaded with it), while the
+        model loads, not on the first chunk of a video of that size."""
+        disc_sprite(panel_layout(frame[0])[2])
 
     def put(self, video: int, images: Sequence[torch.Tensor], indices: Sequence[int], faces: Sequence,
             colors: Sequence) -> None:

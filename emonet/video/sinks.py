@@ -174,9 +174,11 @@ class Drawers:
                 self.chosen = LocalDrawing(self.device)
 
     def warm(self, frame: tuple[int, int]) -> None:
-        """Have the drawing process draw a frame of ``frame`` = (H, W) once, while the model loads."""
-        if self.process is not None:
-            self.process.warm(frame)
+        """Have the drawing process draw a frame of ``frame`` = (H, W) once, or this process make that size's
+        panel sprites, while the model loads."""
+        drawing = self.process or self.chosen
+        if drawing is not None:
+            drawing.warm(frame)
 
     def choose(self, frames: Optional[int]) -> "DrawingProcess | LocalDrawing":
         """The drawing for a video of ``frames`` (None: unknown, a camera's), once the model is loaded."""

@@ -27,9 +27,10 @@ SLOT_BUDGET = 512 << 20   # bytes of frames waiting for the encoder, at most (a 
 
 
 def default_threads() -> int:
-    """x264 frame threads: three quarters of the cores (the rest decode, analyse and draw), up to 12
-    (beyond, they add little and compete with the decoding process)."""
-    return max(1, min(12, (os.cpu_count() or 1) * 3 // 4))
+    """x264 frame threads: five eighths of the cores (the rest decode, analyse, plan and draw), up to 12 (beyond,
+    they add little and compete with the decoding process). More took cores from the analysing process's
+    threads; fewer fell behind the drawing (docs/PERFORMANCE.md)."""
+    return max(1, min(12, (os.cpu_count() or 1) * 5 // 8))
 
 
 class AnnotatedVideoWriter:

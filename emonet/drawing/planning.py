@@ -20,6 +20,7 @@ import time
 from collections import deque
 from typing import Optional, Sequence
 
+from ..io import ipc
 from ..io.helper import PIPE_BYTES, HelperClient, start_helper
 
 FAST_EXIT = True  # its messages are sent and flushed when its input ends: no tear-down to wait for
@@ -42,15 +43,14 @@ def warm_faces(shape: tuple[int, int]) -> tuple[list, list]:
 
 
 def main() -> int:
-    from ..io.ipc import messages, send
     from .marks import Planner
 
     out = sys.stdout.buffer
     faces, colors = warm_faces((240, 320))
     Planner([f"class {k}" for k in range(8)]).plan([(240, 320)] * 2, faces, colors)
-    send(out, ("ready",))
+    ipc.send(out, ("ready",))
     planners: dict[int, Optional[Planner]] = {}  # None: a video whose plan failed
-    for message in messages(sys.stdin.buffer):
+    for message in ipc.messages(sys.stdin.buffer):
         kind, video = message[0], message[1]
         if kind == "open":
             planners[video] = Planner(message[2], banner=bool(message[3]), shape=message[4])
@@ -60,9 +60,9 @@ def main() -> int:
                 marks = planners[video].plan(*message[2:])
             except Exception as exc:  # noqa: BLE001 - the parent plans it again itself, where it is seen
                 planners[video] = None
-                send(out, ("error", video, f"{type(exc).__name__}: {exc}"))
+                ipc.send(out, ("error", video, f"{type(exc).__name__}: {exc}"))
                 continue
-            send(out, ("marks", video, marks, time.perf_counter() - t0))
+            ipc.send(out, ("marks", video, marks, time.perf_counter() - t0))
         elif kind == "close":
             planners.pop(video, None)
     return 0
@@ -102,8 +102,9 @@ class PlanningProcess:
         self._helper.send(("open", video, list(class_names), banner, tuple(shape) if shape else None))
 
     def plan(self, video: int, shapes: Sequence[tuple[int, int]], faces: Sequence, colors: Sequence) -> None:
-        """Plan a chunk (as :meth:`~emonet.drawing.marks.Planner.plan` takes it; not changed afterwards)."""
-        self._helper.send(("plan", video, list(shapes), faces, colors))
+        """Plan a chunk (as :meth:`~emonet.drawing.marks.Planner.plan` takes it)."""
+        # Pickled now, not in the sender thread: the faces are as they are now, whatever changes them later.
+        self._helper.send_framed(ipc.frame(("plan", video, list(shapes), list(faces), list(colors))))
 
     def take(self, video: int) -> Optional[tuple]:
         """The oldest chunk's ``(marks, seconds planning)`` not yet taken, waiting for it; None if the process

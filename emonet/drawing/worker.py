@@ -34,22 +34,17 @@ def _warm_up(device, shape=(240, 320)) -> None:
     """Plan, draw and convert two frames of ``shape`` (a throwaway canvas): a process's first use of each GPU
     kernel loads it (and OpenCV's first text its font), and the sprites of a frame size (the panel's disc,
     a face's, "no face") are made once; the first video's first chunks would otherwise wait for them."""
-    import numpy as np
     import torch
 
-    from emonet.drawing import PALETTE
     from emonet.drawing.canvas import VideoCanvas
-    from emonet.results import FaceResult
+    from emonet.drawing.planning import warm_faces
 
     h, w = shape
-    side = max(16, h // 3)  # a face a third of the frame high, the crop of its box 256 x 256
-    x0, y0, scale = (w - side) / 2, (h - side) / 2, 256 / side
-    face = FaceResult(0, 0, np.array([x0, y0, x0 + side, y0 + side]), 0.9, True, 1, np.full(8, 1 / 8), 0.5, -0.5,
-                      np.full((68, 2), h / 2), np.array([[scale, 0.0, -x0 * scale], [0.0, scale, -y0 * scale]]))
+    faces, colors = warm_faces(shape)
     canvas = VideoCanvas([f"class {k}" for k in range(8)], "warm-up", device)
     images = [torch.zeros((h, w, 3), dtype=torch.uint8, device=device)] * 2
     for _ in range(2):  # the second chunk takes the paths of kept sprites
-        canvas.draw(images, [[(face, [(0.4, -0.4), (0.5, -0.5)])], []], [[PALETTE[0]], []]).cpu()
+        canvas.draw(images, faces, colors).cpu()
 
 
 def main(device_name: str) -> int:

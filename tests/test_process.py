@@ -1,6 +1,7 @@
 """The drawing process, and the same drawing in this process: chunks of frames with their faces in,
 annotated videos out, the same frames as the canvas draws; videos that overlap; a process that ends is one
 clear error. On the CPU here, on the GPU (through the frame ring) where there is one."""
+import os
 import time
 
 import av
@@ -37,8 +38,10 @@ def decoded(path) -> list[np.ndarray]:
 
 
 def planned_apart(device) -> LocalDrawing:
-    """Drawn here, planned in the planning process once it is up (the first chunks may be planned here)."""
-    return LocalDrawing(device, plan_apart=True)
+    """Drawn here, planned in the planning process (up before the first chunk)."""
+    drawing = LocalDrawing(device, plan_apart=True)
+    _wait_for(lambda: drawing.plans_apart)
+    return drawing
 
 
 def planned_here(device) -> LocalDrawing:
@@ -107,6 +110,14 @@ def test_frames_of_another_size_are_resized_to_the_first(drawing, tmp_path):
     assert drawn.resized and probe(drawn.path)["frames"] == 5
 
 
+def test_closing_finishes_the_videos_still_open(drawing, tmp_path):
+    video = drawing.open(tmp_path / "a.mp4", 25.0, NAMES)
+    for start in (0, 6):  # planned apart: the second chunk still waits to be drawn
+        drawing.put(video, frames(6, start), list(range(start, start + 6)), *chunk_faces(6))
+    drawing.close()
+    assert probe(tmp_path / "a.mp4")["frames"] == 12
+
+
 def test_a_drawing_process_that_ends_is_one_clear_error(process, tmp_path):
     video = process.open(tmp_path / "a.mp4", 25.0, NAMES)
     process.put(video, frames(4), list(range(4)), *chunk_faces(4))
@@ -135,10 +146,25 @@ def _wait_for(condition, seconds: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("planning_ends", [False, True])
-def test_planned_apart_or_here_the_video_is_the_same(tmp_path, planning_ends):
-    """Planned here, then in the planning process once it is up (and, if it ends, here again): frame for frame
-    the video planned here throughout; the kept sprites (a face's disc, "no face") survive each change."""
+class ElsewhereTrail(list):
+    """A trail that cannot be read in another process than the one that made it: the planning process fails
+    to plan the chunk that holds it, the analysing process plans it as any other."""
+
+    def __init__(self, points, pid=None):
+        super().__init__(points)
+        self.pid = os.getpid() if pid is None else pid
+
+    def __len__(self):
+        if os.getpid() != self.pid:
+            raise RuntimeError("not readable here")
+        return super().__len__()
+
+
+@pytest.mark.parametrize("planning", ["up", "ends", "fails"])
+def test_planned_apart_or_here_the_video_is_the_same(tmp_path, planning):
+    """Planned here, then in the planning process once it is up (and, if it ends or cannot plan a chunk, here
+    again for the rest of the video): frame for frame the video planned here throughout; the kept sprites (a
+    face's disc, "no face") survive each change."""
     chunks = [(0, 7), (7, 9), (16, 6), (22, 8), (30, 5)]
     videos = {}
     for name, plan_apart in (("here", False), ("apart", True)):
@@ -148,20 +174,24 @@ def test_planned_apart_or_here_the_video_is_the_same(tmp_path, planning_ends):
             for k, (start, n) in enumerate(chunks):
                 if plan_apart and k == 1:
                     _wait_for(lambda: drawing.plans_apart)
-                if plan_apart and planning_ends and k == 3:
+                if plan_apart and planning == "ends" and k == 3:
                     drawing._planning._helper.proc.kill()
                 # Faces of a size per chunk, the first chunk's again later: each size's disc is kept, in each
                 # planner's atlas at its own place.
                 grow = 20 * (0, 1, 2, 0, 1)[k]
-                faces = [[(face((40.0, 30.0, 130.0 + grow, 120.0 + grow)), [(0.1 * (i % 5), -0.2)])]
+                trail = ElsewhereTrail if planning == "fails" and k == 2 else list
+                faces = [[(face((40.0, 30.0, 130.0 + grow, 120.0 + grow)), trail([(0.1 * (i % 5), -0.2)]))]
                          if i % 3 else [] for i in range(n)]
                 drawing.put(video, frames(n, start), list(range(start, start + n)), faces,
                             [[PALETTE[0]] * len(f) for f in faces])
             videos[name] = drawing.finish(video)
         finally:
             drawing.close()
-    assert videos["here"].seconds["plan wait"] == 0 and videos["apart"].seconds["plan wait"] > 0
-    assert 0 < videos["apart"].not_in_put < sum(v for k, v in videos["apart"].seconds.items() if k != "encode")
-    here, apart = decoded(videos["here"].path), decoded(videos["apart"].path)
+    here, apart = videos["here"], videos["apart"]
+    assert here.seconds["plan wait"] == 0 and here.planned_apart == 0 and apart.seconds["plan wait"] > 0
+    # The first chunk planned here (the process was not up yet), the second and others there.
+    assert apart.planned_apart == {"up": 35 - 7, "ends": 9 + 6, "fails": 9}[planning]
+    assert 0 < apart.not_in_put < sum(v for k, v in apart.seconds.items() if k != "encode")
+    here, apart = decoded(here.path), decoded(apart.path)
     assert len(here) == len(apart) == 35
     assert all(np.array_equal(a, b) for a, b in zip(here, apart))

@@ -133,7 +133,7 @@ def report(run: "VideoRun", config: "VideoConfig") -> None:
     others = ""
     if drawn is not None:
         others = (f"{'; plan, draw, to encoders and encoder wait in the drawing process' if drawn.apart else ''}"
-                  f"{'; plan in a planning process once it was up' if drawn.seconds.get('plan wait') else ''}; "
+                  f"{f'; the plan of {drawn.planned_apart:,} frames in a planning process' if drawn.planned_apart else ''}; "
                   f"encode in the encoding process")
     where = ("is NVDEC's, on the GPU" if run.source.nvdec
              else "runs in a process of its own, its conversion to RGB in a thread of this one")

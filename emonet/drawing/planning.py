@@ -75,9 +75,10 @@ class PlanningProcess:
 
     def __init__(self) -> None:
         self._ready = False
-        self._marks: dict[int, deque] = {}  # per video: (marks, seconds) come, not yet taken
-        self._failed: set[int] = set()      # videos whose plan failed there
-        self._helper = HelperClient("planning", start_helper(f"{__name__}:main", pipe_bytes=PIPE_BYTES),
+        self._marks: dict[int, deque] = {}  # per open video: (marks, seconds) come, not yet taken
+        self._failed: set[int] = set()      # open videos whose plan failed there
+        # Quiet: a failure here is no failure of the video (its chunks are planned by the caller instead).
+        self._helper = HelperClient("planning", start_helper(f"{__name__}:main", quiet=True, pipe_bytes=PIPE_BYTES),
                                     {"ready": self._on_ready, "marks": self._on_marks, "error": self._on_error},
                                     thread="emonet-planning")
         self._state = self._helper.state
@@ -87,10 +88,12 @@ class PlanningProcess:
         self._ready = True
 
     def _on_marks(self, video: int, marks, seconds: float) -> None:
-        self._marks.setdefault(video, deque()).append((marks, seconds))
+        if video in self._marks:  # (a video closed meanwhile takes no more)
+            self._marks[video].append((marks, seconds))
 
     def _on_error(self, video: int, message: str) -> None:
-        self._failed.add(video)
+        if video in self._marks:
+            self._failed.add(video)
 
     @property
     def ready(self) -> bool:
@@ -99,6 +102,8 @@ class PlanningProcess:
 
     def open(self, video: int, class_names: Sequence[str], banner: bool, shape: Optional[tuple[int, int]]) -> None:
         """Plan ``video``'s chunks from now on there (its frames ``shape`` = (H, W), None: the first chunk's)."""
+        with self._state:
+            self._marks[video] = deque()
         self._helper.send(("open", video, list(class_names), banner, tuple(shape) if shape else None))
 
     def plan(self, video: int, shapes: Sequence[tuple[int, int]], faces: Sequence, colors: Sequence) -> None:
@@ -110,14 +115,15 @@ class PlanningProcess:
         """The oldest chunk's ``(marks, seconds planning)`` not yet taken, waiting for it; None if the process
         ended or failed to plan one of the video's chunks (the caller then plans them itself)."""
         with self._state:
-            while not self._marks.get(video) and video not in self._failed and not self._helper.ended:
+            while video in self._marks and not self._marks[video] and video not in self._failed \
+                    and not self._helper.ended:
                 self._state.wait(timeout=0.5)
             if self._marks.get(video):
                 return self._marks[video].popleft()
             return None
 
     def close_video(self, video: int) -> None:
-        """Forget ``video`` (every chunk taken, or given up)."""
+        """Forget ``video`` (every chunk taken, or given up: marks that come for it later are dropped)."""
         self._helper.send(("close", video))
         with self._state:
             self._marks.pop(video, None)

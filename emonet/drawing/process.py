@@ -45,6 +45,7 @@ class DrawnVideo:
     apart: bool = True                   # drawn in a process of its own (else in the analysing one)
     not_in_put: float = 0.0              # drawn in the analysing one: of ``seconds`` (but encode), those not
                                          # spent within put() (planned in a planning process; drawn at finish)
+    planned_apart: int = 0               # frames whose marks were planned in a planning process
 
     @classmethod
     def from_report(cls, report: dict, apart: bool = True) -> "DrawnVideo":
@@ -53,7 +54,8 @@ class DrawnVideo:
             raise _failure(report["error"])
         cpu = report["cpu"] if apart else {"encoding": report["cpu"]["encoding"]}  # else in this process's
         return cls(Path(report["path"]) if report["path"] else None, {**report["seconds"], "encode": report["encode"]},
-                   cpu, report["resized"], apart, report["not in put"])
+                   cpu, report["resized"], apart, report["not in put"],
+                   report["planned apart"])
 
 
 def _failure(error: str, died: bool = False) -> OutputError:
@@ -79,6 +81,7 @@ class VideoDrawing:
         self.canvas = VideoCanvas(spec["class_names"], spec["banner"], device)
         self.seconds = dict.fromkeys(("plan", "plan wait", "draw", "to encoders", "encoder wait"), 0.0)
         self.not_in_put = 0.0  # of the seconds above, those not spent within put() (see DrawnVideo)
+        self.planned_apart = 0  # frames whose marks a planning process planned
         self.cpu0 = _cpu()
         self.writer, self.failed = None, None
         try:  # its encoders start now, and its ring where the frames' size is known
@@ -122,6 +125,7 @@ class VideoDrawing:
                 self.failed = self.failed or f"{exc}"
         return {"path": str(path) if path else None, "seconds": self.seconds, "error": self.failed,
                 "resized": self.canvas.resized, "not in put": self.not_in_put,
+                "planned apart": self.planned_apart,
                 "encode": writer.encode_seconds if writer else 0.0,
                 "cpu": {"drawing": _cpu() - self.cpu0,
                         "encoding": sum(writer.cpu_seconds.values()) if writer else 0.0}}
@@ -302,6 +306,7 @@ class _Planned:
     shapes: list
     faces: list
     colors: list
+    marks: Optional[tuple] = None  # (marks, seconds planning), once taken from the planning process
 
 
 class LocalDrawing:
@@ -318,7 +323,9 @@ class LocalDrawing:
         self.wait_seconds = 0.0  # never waits for another process's drawing: it is done here
         self._videos: dict[int, VideoDrawing] = {}
         self._planned: dict[int, deque] = {}  # per video: its chunks planned apart, in order, not yet drawn
-        self._apart: dict[int, bool] = {}  # per video: its chunks go to the planning process
+        # Per video: its chunks go to the planning process (True), not yet (False), or never again (None: it
+        # could not plan one, or the video failed; its chunks sent there are planned here).
+        self._apart: dict[int, Optional[bool]] = {}
         self._shapes: dict[int, tuple[int, int]] = {}  # per video: its frames' (H, W), once a chunk has come
         self._count = 0
         self._spare = Spare()  # the encoder of the first video, then of each next one
@@ -356,11 +363,13 @@ class LocalDrawing:
                                                          list(colors)))
                     self._draw_planned(video, keep=1)
                 else:
+                    self._draw_planned(video)  # the chunks before it first
                     drawing.draw(list(images), list(indices), list(faces), list(colors))
             except OutputError as exc:
                 drawing.failed = f"{exc}"
         if drawing.failed is not None:
             self._planned[video].clear()
+            self._stop_apart(video)
             raise _failure(drawing.failed)
 
     @property
@@ -371,34 +380,40 @@ class LocalDrawing:
     def _plans_apart(self, video: int) -> bool:
         """Whether ``video``'s next chunk goes to the planning process: from the first chunk put once it is up
         (its plans then start from the video's frame size), as long as it plans them."""
-        if not self._apart[video] and self.plans_apart:
+        if self._apart[video] is False and self.plans_apart:
             self._apart[video] = True
             self._planning.open(video, self._videos[video].class_names, self._videos[video].banner,
                                 self._shapes[video])
-        return self._apart[video]
+        return bool(self._apart[video])
+
+    def _stop_apart(self, video: int) -> None:
+        """Plan ``video``'s chunks here from now on (those sent there too), by a new planner whose marks start the
+        canvas's atlas again."""
+        if self._apart.get(video):
+            self._planning.close_video(video)
+            drawing = self._videos[video]
+            drawing.planner = Planner(drawing.class_names, banner=drawing.banner, shape=self._shapes[video])
+        self._apart[video] = None
 
     def _draw_planned(self, video: int, keep: int = 0) -> None:
         """Draw ``video``'s chunks planned apart, oldest first, waiting for their marks, all but the last
-        ``keep``. Where the planning process has ended or could not plan one, they are planned here: by a
-        new planner, whose marks start the canvas's atlas again."""
+        ``keep``. Where the planning process has ended or could not plan one, they are planned here
+        (:meth:`_stop_apart`)."""
         drawing, planned = self._videos[video], self._planned[video]
         while len(planned) > keep:
             chunk = planned[0]
-            taken = None
-            if self._apart[video]:
+            if chunk.marks is None and self._apart[video]:
                 t0 = time.perf_counter()
-                taken = self._planning.take(video)
+                chunk.marks = self._planning.take(video)  # kept with its chunk: taken once, whatever comes next
                 drawing.seconds["plan wait"] += time.perf_counter() - t0
-                if taken is None:  # planned here from now on
-                    self._apart[video] = False
-                    self._planning.close_video(video)
-                    drawing.planner = Planner(drawing.class_names, banner=drawing.banner, shape=self._shapes[video])
-            if taken is not None:
-                marks, seconds = taken
-                drawing.seconds["plan"] += seconds
-                drawing.not_in_put += seconds
-            else:
-                marks = drawing.plan(chunk.shapes, chunk.faces, chunk.colors)
+                if chunk.marks is None:
+                    self._stop_apart(video)
+                else:
+                    drawing.seconds["plan"] += chunk.marks[1]
+                    drawing.not_in_put += chunk.marks[1]
+                    drawing.planned_apart += len(chunk.indices)
+            marks = chunk.marks[0] if chunk.marks is not None else drawing.plan(chunk.shapes, chunk.faces,
+                                                                                chunk.colors)
             planned.popleft()
             drawing.render(chunk.images, chunk.indices, marks)
 
@@ -418,19 +433,24 @@ class LocalDrawing:
                     drawing.failed = f"{exc}"
                 drawing.not_in_put = apart + sum(drawing.seconds.values()) - before  # all of it: not in put()
         finally:
+            if self._apart.pop(video, None):
+                self._planning.close_video(video)
             self._planned.pop(video, None)
             self._shapes.pop(video, None)
-            if self._apart.pop(video, False):
-                self._planning.close_video(video)
             report = self._videos.pop(video).close()
         return report
 
     def close(self, now: bool = False) -> None:
-        """Finish the videos still open (with every frame put), and end the planning process."""
-        try:
-            for video in list(self._videos):
+        """Finish the videos still open (with every frame put; each one, whatever the others raise), and end the
+        planning process; then raise the first error, if any."""
+        first: Optional[BaseException] = None
+        for video in list(self._videos):
+            try:
                 self._end(video)
-        finally:
-            if self._planning is not None:
-                self._planning.close()
-            self._spare.close()
+            except BaseException as exc:  # noqa: BLE001 - the others are finished first
+                first = first or exc
+        if self._planning is not None:
+            self._planning.close()
+        self._spare.close()
+        if first is not None:
+            raise first

@@ -43,6 +43,8 @@ def warm_faces(shape: tuple[int, int]) -> tuple[list, list]:
 
 
 def main() -> int:
+    """The planning process: ready once it has planned a throwaway chunk, then each chunk as it comes, until its
+    input ends."""
     from .marks import Planner
 
     out = sys.stdout.buffer
@@ -69,7 +71,7 @@ def main() -> int:
 
 
 class PlanningProcess:
-    """The planning process, as the drawing process sees it: ``open()`` a video, ``plan()`` its chunks in order,
+    """The planning process, as the process that draws sees it: ``open()`` a video, ``plan()`` its chunks in order,
     ``take()`` their marks in the same order; ``close()`` at the end. It starts at once; until it is
     :attr:`ready`, or once it has failed, the caller plans itself (:meth:`take` says so with None)."""
 

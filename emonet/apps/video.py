@@ -132,9 +132,9 @@ def report(run: "VideoRun", config: "VideoConfig") -> None:
     per = ", ".join(f"{k} {1e3 * v / max(frames, 1):.2f}" for k, v in shown.items())
     others = ""
     if drawn is not None:
+        planned = f"; the plan of {drawn.planned_apart:,} frames in a planning process" if drawn.planned_apart else ""
         others = (f"{'; plan, draw, to encoders and encoder wait in the drawing process' if drawn.apart else ''}"
-                  f"{f'; the plan of {drawn.planned_apart:,} frames in a planning process' if drawn.planned_apart else ''}; "
-                  f"encode in the encoding process")
+                  f"{planned}; encode in the encoding process")
     where = ("is NVDEC's, on the GPU" if run.source.nvdec
              else "runs in a process of its own, its conversion to RGB in a thread of this one")
     print(f"time per frame by stage (ms; decode {where}{others}; the rest in this one, "

@@ -54,8 +54,7 @@ class DrawnVideo:
             raise _failure(report["error"])
         cpu = report["cpu"] if apart else {"encoding": report["cpu"]["encoding"]}  # else in this process's
         return cls(Path(report["path"]) if report["path"] else None, {**report["seconds"], "encode": report["encode"]},
-                   cpu, report["resized"], apart, report["not in put"],
-                   report["planned apart"])
+                   cpu, report["resized"], apart, report["not in put"], report["planned apart"])
 
 
 def _failure(error: str, died: bool = False) -> OutputError:
@@ -76,8 +75,7 @@ class VideoDrawing:
 
     def __init__(self, spec: dict, device, spare: Optional[Spare] = None) -> None:
         """``spare``: where the video's first encoder is taken from (started ahead), if given."""
-        self.class_names, self.banner = spec["class_names"], bool(spec["banner"])
-        self.planner = Planner(self.class_names, banner=self.banner)
+        self.planner = Planner(spec["class_names"], banner=bool(spec["banner"]))
         self.canvas = VideoCanvas(spec["class_names"], spec["banner"], device)
         self.seconds = dict.fromkeys(("plan", "plan wait", "draw", "to encoders", "encoder wait"), 0.0)
         self.not_in_put = 0.0  # of the seconds above, those not spent within put() (see DrawnVideo)
@@ -326,7 +324,6 @@ class LocalDrawing:
         # Per video: its chunks go to the planning process (True), not yet (False), or never again (None: it
         # could not plan one, or the video failed; its chunks sent there are planned here).
         self._apart: dict[int, Optional[bool]] = {}
-        self._shapes: dict[int, tuple[int, int]] = {}  # per video: its frames' (H, W), once a chunk has come
         self._count = 0
         self._spare = Spare()  # the encoder of the first video, then of each next one
         if plan_apart is None:
@@ -355,16 +352,17 @@ class LocalDrawing:
         drawing = self._videos[video]
         if drawing.failed is None and len(images):
             try:
+                images, indices, faces, colors = list(images), list(indices), list(faces), list(colors)
                 shapes = [tuple(i.shape[:2]) for i in images]
-                self._shapes.setdefault(video, shapes[0])
+                if drawing.planner.shape is None:  # the video's, whichever process plans its first chunk
+                    drawing.planner.shape = shapes[0]
                 if self._plans_apart(video):
-                    self._planning.plan(video, shapes, list(faces), list(colors))
-                    self._planned[video].append(_Planned(list(images), list(indices), shapes, list(faces),
-                                                         list(colors)))
+                    self._planning.plan(video, shapes, faces, colors)
+                    self._planned[video].append(_Planned(images, indices, shapes, faces, colors))
                     self._draw_planned(video, keep=1)
                 else:
                     self._draw_planned(video)  # the chunks before it first
-                    drawing.draw(list(images), list(indices), list(faces), list(colors))
+                    drawing.render(images, indices, drawing.plan(shapes, faces, colors))
             except OutputError as exc:
                 drawing.failed = f"{exc}"
         if drawing.failed is not None:
@@ -382,8 +380,8 @@ class LocalDrawing:
         (its plans then start from the video's frame size), as long as it plans them."""
         if self._apart[video] is False and self.plans_apart:
             self._apart[video] = True
-            self._planning.open(video, self._videos[video].class_names, self._videos[video].banner,
-                                self._shapes[video])
+            planner = self._videos[video].planner
+            self._planning.open(video, planner.class_names, planner.banner, planner.shape)
         return bool(self._apart[video])
 
     def _stop_apart(self, video: int) -> None:
@@ -391,8 +389,8 @@ class LocalDrawing:
         canvas's atlas again."""
         if self._apart.get(video):
             self._planning.close_video(video)
-            drawing = self._videos[video]
-            drawing.planner = Planner(drawing.class_names, banner=drawing.banner, shape=self._shapes[video])
+            old = self._videos[video].planner
+            self._videos[video].planner = Planner(old.class_names, banner=old.banner, shape=old.shape)
         self._apart[video] = None
 
     def _draw_planned(self, video: int, keep: int = 0) -> None:
@@ -436,7 +434,6 @@ class LocalDrawing:
             if self._apart.pop(video, None):
                 self._planning.close_video(video)
             self._planned.pop(video, None)
-            self._shapes.pop(video, None)
             report = self._videos.pop(video).close()
         return report
 

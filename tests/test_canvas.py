@@ -84,6 +84,19 @@ def test_a_chunk_draws_each_frame_as_if_alone():
     assert not torch.equal(together[0], together[1])
 
 
+def test_marks_the_frames_edge_cuts_do_not_wrap_to_the_next_row():
+    # A face over the left edge, its box's side and landmark dots partly outside: a pixel left of column 0
+    # would land at the end of the row above (the panel's right edge, its grey) were it not cut.
+    canvas = VideoCanvas(NAMES)
+    f = face((-60.0, 60.0, 180.0, 300.0))
+    f.landmarks[:] = np.stack([np.linspace(-4.0, 1.0, 68), np.linspace(80.0, 280.0, 68)], 1)
+    out = canvas.draw([torch.from_numpy(np.zeros((H, W, 3), np.uint8))], [[(f, [])]], [[(255, 0, 0)]])
+    y, _ = planes(out[0], canvas.size)
+    assert abs(y[150, 0] - luma((0, 255, 255))) <= 2  # the dots inside the frame are drawn
+    grey = luma((24, 24, 24))
+    assert np.abs(y[50:H - 50, -3:].astype(float) - grey).max() <= 1
+
+
 def test_a_frame_of_another_size_is_resized_with_its_faces():
     canvas = VideoCanvas(NAMES)
     canvas.draw([torch.from_numpy(np.zeros((H, W, 3), np.uint8))], [[]], [[]])

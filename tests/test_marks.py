@@ -30,21 +30,6 @@ def chunks(count: int = 4, frames: int = 3):
     return out
 
 
-def same(a, b) -> bool:
-    """Two plans hold the same arrays."""
-    for name in a.__dataclass_fields__:
-        x, y = getattr(a, name), getattr(b, name)
-        if isinstance(x, dict):
-            if x.keys() != y.keys() or not all(np.array_equal(x[k], y[k]) for k in x):
-                return False
-        elif isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
-            if x is None or y is None or not np.array_equal(x, y):
-                return False
-        elif x != y:
-            return False
-    return True
-
-
 def test_a_canvas_renders_a_planners_marks_as_it_draws_them_and_keeps_sprites_once():
     work = chunks()
     images = [torch.from_numpy(gradient(40 * b)) for b in range(3)]

@@ -10,8 +10,9 @@ chunk is then drawn in a fixed number of tensor operations whatever it holds:
   one copy, and the atlas of kept ones on the device, and laid over the frames by one gather, blend and
   scatter per layer (sprites that overlap go to separate layers, so the later one is on top, as when
   drawn one by one);
-- *marks* (boxes' sides, trails, landmarks and dots) go up as rectangles, segments and dot centres, the
-  device turns them into pixels, and one scatter sets them (the later mark on top where they overlap);
+- *marks* (boxes' sides, trails, landmarks and dots) go up as one table of rectangles, segments and dot
+  centres, the device turns them all into pixels in one pass, and one scatter sets them (the later mark on
+  top where they overlap);
 - the panel's crops are one ``grid_sample`` from the frames.
 """
 from __future__ import annotations
@@ -23,8 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from ..results import FaceResult
-from .marks import PANEL_GREY, ChunkMarks, Color, Planner, coded_size, panel_layout
-from .opencv import banner_sprite, disc_points, disc_sprite, lay
+from .marks import (P_AX, P_AY, P_CLIP, P_COLOR, P_FIRST, P_FRAME, P_OFFSET, P_PIXELS, P_SPAN, P_STEP, P_WIDTH,
+                    P_X, P_Y, PANEL_GREY, ChunkMarks, Color, Planner, coded_size, dot_offsets,
+                    panel_layout)
+from .opencv import banner_sprite, disc_sprite, lay
 
 # RGB -> Y'CbCr, BT.601 limited range (what players assume for yuv420p video without other colour tags).
 _RGB_TO_YUV = torch.tensor([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]])
@@ -55,7 +58,7 @@ class VideoCanvas:
         self._grid: Optional[torch.Tensor] = None
         self._atlas = torch.zeros((0, 4), dtype=torch.uint8, device=self.device)  # kept sprites (see .marks)
         self._last: Optional[torch.Tensor] = None  # scratch: the last mark at each pixel
-        self._dots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._dots: dict[tuple[int, ...], torch.Tensor] = {}  # dots' pixel offsets, per set of radii
         self._storage: Optional[torch.Tensor] = None
         self._yuv = (_RGB_TO_YUV * _YUV_SCALE[:, None]).T.to(self.device)
         self._offset = _YUV_OFFSET.to(self.device)
@@ -226,48 +229,28 @@ class VideoCanvas:
             flat[idx] = under
 
     def _set_points(self, canvas: torch.Tensor, marks: ChunkMarks) -> None:
-        """Rectangles, lines and dots turned into pixels on the device, then set in one scatter."""
+        """Rectangles, lines and dots (one table, :func:`~.marks.point_table`) turned into pixels on the device in
+        one pass (the same operations whatever the chunk holds), then set in one scatter."""
+        if marks.points is None:
+            return
         n, height, width, _ = canvas.shape
         dev = self.device
-        index, packed = [], []
-
-        def place(b, x, y, clip=None):
-            flat = (b * height + y) * width + x
-            if clip is None:
-                return flat
-            inside = (x >= clip[:, 0]) & (x < clip[:, 2]) & (y >= clip[:, 1]) & (y < clip[:, 3])
-            return torch.where(inside, flat, n * height * width)  # outside: the spare pixel past the frames
-
-        rects = marks.rects
-        if rects is not None:
-            t = self._upload(rects)
-            t = torch.cat([t, torch.cumsum(t[:, 4:5], 0) - t[:, 4:5]], 1)  # + where each one's pixels start
-            owner = torch.repeat_interleave(torch.arange(len(t), device=dev), t[:, 4], output_size=int(rects[:, 4].sum()))
-            b, x0, y0, w, _, r, g, bl, start = t[owner].unbind(1)
-            local = torch.arange(len(owner), device=dev) - start
-            index.append(place(b, x0 + local % w, y0 + torch.div(local, w, rounding_mode="floor")))
-            packed.append(r * 65536 + g * 256 + bl)
-        segments = marks.segments
-        if segments is not None:
-            counts = segments[:, 4].astype(np.int64)
-            t = self._upload(segments)
-            seg = torch.repeat_interleave(torch.arange(len(t), device=dev), self._upload(counts),
-                                          output_size=int(counts.sum()))
-            rows = torch.cat([t, torch.cumsum(t[:, 4:5], 0) - t[:, 4:5]], 1)[seg]  # + where each one's pixels start
-            along = (torch.arange(len(seg), device=dev, dtype=t.dtype) - rows[:, 11]) / (rows[:, 4] - 1).clamp_(min=1)
-            xy = torch.round(rows[:, 0:2] + rows[:, 2:4] * along[:, None]).long()
-            index.append(place(rows[:, 5].long(), xy[:, 0], xy[:, 1], rows[:, 6:10]))
-            packed.append(rows[:, 10].long())
-        for radius, table in marks.dots.items():
-            t = self._upload(table)
-            dx, dy = self._offsets(radius)
-            x, y = (t[:, 0:1] + dx).reshape(-1), (t[:, 1:2] + dy).reshape(-1)
-            k = len(dx)
-            index.append(place(t[:, 2].repeat_interleave(k), x, y, t[:, 3:7].repeat_interleave(k, 0)))
-            packed.append(t[:, 7].repeat_interleave(k))
-        if not index:
-            return
-        index, packed = torch.cat(index), torch.cat(packed)
+        floats, ints = marks.points
+        total = int(ints[-1, P_FIRST] + ints[-1, P_PIXELS])
+        f, k = self._upload(floats), self._upload(ints)
+        owner = torch.repeat_interleave(torch.arange(len(k), device=dev), k[:, P_PIXELS], output_size=total)
+        f, k = f[owner], k[owner]
+        local = torch.arange(total, device=dev, dtype=torch.int32) - k[:, P_FIRST]
+        j = torch.div(local, k[:, P_WIDTH], rounding_mode="floor")
+        i = local - j * k[:, P_WIDTH]
+        xy = torch.round(f[:, P_X:P_Y + 1] + f[:, P_AX:P_AY + 1] * (i / f[:, P_SPAN])[:, None])
+        xy[:, 1] += j
+        xy += self._dot_offsets(marks.radii)[(k[:, P_OFFSET] + k[:, P_STEP] * i).long()]
+        inside = ((xy >= k[:, P_CLIP:P_CLIP + 2]) & (xy < k[:, P_CLIP + 2:P_CLIP + 4])).all(1)
+        x, y = xy.long().unbind(1)
+        # Outside its clip: the spare pixel past the frames.
+        index = torch.where(inside, (k[:, P_FRAME].long() * height + y) * width + x, n * height * width)
+        packed = k[:, P_COLOR].long()
         # Where marks overlap, the later one is on top: every write to a pixel carries the colour of the
         # last mark there (found by a max over mark numbers), so the scatter's order cannot matter.
         if self._last is None or self._last.numel() < n * height * width + 1:
@@ -279,12 +262,11 @@ class VideoCanvas:
         rgb = torch.stack([winner // 65536, winner // 256 % 256, winner % 256], 1).to(torch.uint8)
         self._flat(canvas)[index] = rgb
 
-    def _offsets(self, radius: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A dot's pixel offsets from its centre, on the device."""
-        if radius not in self._dots:
-            xs, ys = disc_points(np.zeros((1, 2)), radius)
-            self._dots[radius] = (torch.from_numpy(xs).to(self.device), torch.from_numpy(ys).to(self.device))
-        return self._dots[radius]
+    def _dot_offsets(self, radii: tuple[int, ...]) -> torch.Tensor:
+        """:func:`~.marks.dot_offsets` of ``radii``, kept on the device."""
+        if radii not in self._dots:
+            self._dots[radii] = torch.from_numpy(dot_offsets(radii)).to(self.device)
+        return self._dots[radii]
 
     def _flat(self, canvas: torch.Tensor) -> torch.Tensor:
         """The canvas as ``(pixels + 1, 3)``: the last, spare pixel takes the marks that fall outside."""

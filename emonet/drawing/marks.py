@@ -10,13 +10,14 @@ keeps on the device; a plan names them by their place there and carries only wha
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Hashable, Optional, Sequence
 
 import numpy as np
 
 from ..results import CROP_SIZE, FaceResult
-from .opencv import banner_height, circumplex_xy, disc_sprite, no_face, place_faces, text_origin, text_sprite
+from .opencv import (banner_height, circumplex_xy, disc_points, disc_sprite, no_face, place_faces, text_origin,
+                     text_sprite)
 
 LANDMARK_COLOR = (0, 255, 255)
 PANEL_GREY = 24
@@ -67,9 +68,10 @@ class ChunkMarks:
     layer_pixels: np.ndarray                # (L,) int64: sprite pixels per layer (no two in a layer overlap)
     atlas_at: int                           # the atlas's size before ``atlas_add``; 0 with a new atlas
     atlas_add: Optional[np.ndarray]         # (A, 4) uint8: kept sprites to append to the atlas
-    rects: Optional[np.ndarray]             # (R, 8) int64: frame, x0, y0, width, pixels, R, G, B
-    segments: Optional[np.ndarray]          # (G, 12) float64, see :func:`_segment_table`
-    dots: dict[int, np.ndarray] = field(default_factory=dict)  # radius -> (K, 8) int64, see :func:`_dot_tables`
+    # Rectangles, lines and dots as one table in two parts, (M, 5) float64 and (M, 11) int32 (see
+    # :func:`point_table`), and the dots' radii (as :func:`dot_offsets` lays out their pixels).
+    points: Optional[tuple[np.ndarray, np.ndarray]]
+    radii: tuple[int, ...] = ()
 
 
 @dataclass
@@ -161,7 +163,7 @@ class Planner:
         pixels, table, layer_pixels, atlas_at, atlas_add = self._sprite_tables(sprites)
         if not found:
             return ChunkMarks((h, w), np.zeros(0, np.int64), np.zeros((0, 2, 3), np.float32), pixels, table,
-                              layer_pixels, atlas_at, atlas_add, None, None, {})
+                              layer_pixels, atlas_at, atlas_add, None)
         places = np.array(places, np.int64)
         fb, boxes, thickness, color = places[:, 0], places[:, 1:5], places[:, 5], places[:, 6:9]
         landmark_radius, disc_center, disc_radius, dot_radius, number = (places[:, 9], places[:, 10:12], places[:, 12],
@@ -184,8 +186,9 @@ class Planner:
         to_grid = np.array([[2 / w, 0, 1 / w - 1], [0, 2 / h, 1 / h - 1], [0, 0, 1]])
         crop_maps = np.matmul(to_grid, np.linalg.inv(square))[:, :2].astype(np.float32)
         return ChunkMarks((h, w), frames_main, crop_maps, pixels, table, layer_pixels, atlas_at, atlas_add,
-                          _rect_table(fb, boxes, thickness, color, frame_clip),
-                          _segment_table(trails, fb, panel[:, 1:], disc, radius, panel_clip), _dot_tables(dots))
+                          *point_table(_rect_table(fb, boxes, thickness, color, frame_clip),
+                                       _segment_table(trails, fb, panel[:, 1:], disc, radius, panel_clip),
+                                       _dot_tables(dots)))
 
     def _sprite_tables(self, sprites: list[_Sprite]) -> tuple:
         """The sprites in drawing order (by layer, stably) as a table, the new pixels they need, and the
@@ -293,6 +296,60 @@ def _dot_tables(dots: list) -> dict[int, np.ndarray]:
     by_number = np.argsort(np.concatenate(order), kind="stable")  # a mark's dots stay in their order
     rows, radii = rows[by_number], radii[by_number]
     return {int(r): rows[radii == r] for r in np.unique(radii)}
+
+
+# The columns of :func:`point_table`'s two parts.
+P_X, P_Y, P_AX, P_AY, P_SPAN = range(5)
+P_FRAME, P_WIDTH, P_PIXELS, P_FIRST, P_OFFSET, P_STEP, P_CLIP, _, _, _, P_COLOR = range(11)
+_NO_CLIP = 1 << 30
+
+
+def point_table(rects: Optional[np.ndarray], segments: Optional[np.ndarray],
+                dots: dict[int, np.ndarray]) -> tuple[Optional[tuple[np.ndarray, np.ndarray]], tuple[int, ...]]:
+    """Rectangles, segments and dots (the tables of :func:`_rect_table`, :func:`_segment_table` and
+    :func:`_dot_tables`) as one table in drawing order (rectangles, segments, then the dots radius by radius),
+    and the dots' radii.
+
+    The table is two arrays of M rows: ``(M, 5)`` float64 x, y, a (2) and span; ``(M, 11)`` int32 frame, width,
+    pixels, first (where its pixels start among all), o, step, clip x0, y0, x1, y1 and the packed colour. A
+    row's pixel ``k`` (of its ``pixels``), with ``i, j = k % width, k // width``, is at ``round((x, y) + a * i
+    / span) + (0, j) + offset[o + step * i]``, kept where inside its clip ``[x0, x1) x [y0, y1)``. A rectangle
+    steps right then down; a segment along ``a``, ``pixels`` of it over ``span``; a dot takes its pixels from
+    :func:`dot_offsets` (``offset[0]`` is (0, 0) for the others)."""
+    floats, ints = [], []
+
+    def add(x, y, ax, ay, span, frame, width, pixels, offset, step, clip, color) -> None:
+        floats.append(np.column_stack([x, y, ax, ay, span]))
+        ints.append(np.column_stack([frame, width, pixels, np.zeros(len(frame)), offset, step, clip, color]))
+
+    if rects is not None:
+        m = len(rects)
+        add(rects[:, 1], rects[:, 2], np.ones(m), np.zeros(m), np.ones(m), rects[:, 0], rects[:, 3], rects[:, 4],
+            np.zeros(m), np.zeros(m), np.broadcast_to([-_NO_CLIP, -_NO_CLIP, _NO_CLIP, _NO_CLIP], (m, 4)),
+            _pack(rects[:, 5:8]))
+    if segments is not None:
+        g = segments
+        zero = np.zeros(len(g))
+        add(g[:, 0], g[:, 1], g[:, 2], g[:, 3], np.maximum(g[:, 4] - 1, 1), g[:, 5], g[:, 4], g[:, 4], zero, zero,
+            g[:, 6:10], g[:, 10])
+    radii = tuple(sorted(dots))
+    at = 1
+    for radius in radii:
+        d = dots[radius]
+        m, size = len(d), len(disc_points(np.zeros((1, 2)), radius)[0])
+        add(d[:, 0], d[:, 1], np.zeros(m), np.zeros(m), np.ones(m), d[:, 2], np.full(m, size), np.full(m, size),
+            np.full(m, at), np.ones(m), d[:, 3:7], d[:, 7])
+        at += size
+    if not floats:
+        return None, radii
+    floats, ints = np.concatenate(floats).astype(np.float64), np.concatenate(ints).astype(np.int32)
+    ints[:, P_FIRST] = np.cumsum(ints[:, P_PIXELS]) - ints[:, P_PIXELS]
+    return (floats, ints), radii
+
+
+def dot_offsets(radii: Sequence[int]) -> np.ndarray:
+    """``(1 + K, 2)`` float64: (0, 0), then each radius's dot pixels' offsets from its centre, in turn."""
+    return np.concatenate([np.zeros((1, 2))] + [np.stack(disc_points(np.zeros((1, 2)), r), 1) for r in radii])
 
 
 def _scaled(face: FaceResult, sx: float, sy: float) -> FaceResult:

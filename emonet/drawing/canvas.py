@@ -58,7 +58,8 @@ class VideoCanvas:
         self._grid: Optional[torch.Tensor] = None
         self._atlas = torch.zeros((0, 4), dtype=torch.uint8, device=self.device)  # kept sprites (see .marks)
         self._last: Optional[torch.Tensor] = None  # scratch: the last mark at each pixel
-        self._dots: dict[tuple[int, ...], torch.Tensor] = {}  # dots' pixel offsets, per set of radii
+        self._dots: Optional[torch.Tensor] = None  # dots' pixel offsets (dot_offsets), up to the largest radius yet
+        self._dots_reach = -1
         self._storage: Optional[torch.Tensor] = None
         self._yuv = (_RGB_TO_YUV * _YUV_SCALE[:, None]).T.to(self.device)
         self._offset = _YUV_OFFSET.to(self.device)
@@ -245,7 +246,7 @@ class VideoCanvas:
         i = local - j * k[:, P_WIDTH]
         xy = torch.round(f[:, P_X:P_Y + 1] + f[:, P_AX:P_AY + 1] * (i / f[:, P_SPAN])[:, None])
         xy[:, 1] += j
-        xy += self._dot_offsets(marks.radii)[(k[:, P_OFFSET] + k[:, P_STEP] * i).long()]
+        xy += self._dot_offsets(marks.largest_dot)[(k[:, P_OFFSET] + k[:, P_STEP] * i).long()]
         inside = ((xy >= k[:, P_CLIP:P_CLIP + 2]) & (xy < k[:, P_CLIP + 2:P_CLIP + 4])).all(1)
         x, y = xy.long().unbind(1)
         # Outside its clip: the spare pixel past the frames.
@@ -262,11 +263,12 @@ class VideoCanvas:
         rgb = torch.stack([winner // 65536, winner // 256 % 256, winner % 256], 1).to(torch.uint8)
         self._flat(canvas)[index] = rgb
 
-    def _dot_offsets(self, radii: tuple[int, ...]) -> torch.Tensor:
-        """:func:`~.marks.dot_offsets` of ``radii``, kept on the device."""
-        if radii not in self._dots:
-            self._dots[radii] = torch.from_numpy(dot_offsets(radii)).to(self.device)
-        return self._dots[radii]
+    def _dot_offsets(self, largest: int) -> torch.Tensor:
+        """:func:`~.marks.dot_offsets` up to ``largest`` or beyond, kept on the device (made again only for a
+        larger dot than any before)."""
+        if largest > self._dots_reach:
+            self._dots, self._dots_reach = torch.from_numpy(dot_offsets(largest)).to(self.device), largest
+        return self._dots
 
     def _flat(self, canvas: torch.Tensor) -> torch.Tensor:
         """The canvas as ``(pixels + 1, 3)``: the last, spare pixel takes the marks that fall outside."""

@@ -11,6 +11,7 @@ keeps on the device; a plan names them by their place there and carries only wha
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Hashable, Optional, Sequence
 
 import numpy as np
@@ -69,9 +70,9 @@ class ChunkMarks:
     atlas_at: int                           # the atlas's size before ``atlas_add``; 0 with a new atlas
     atlas_add: Optional[np.ndarray]         # (A, 4) uint8: kept sprites to append to the atlas
     # Rectangles, lines and dots as one table in two parts, (M, 5) float64 and (M, 11) int32 (see
-    # :func:`point_table`), and the dots' radii (as :func:`dot_offsets` lays out their pixels).
+    # :func:`point_table`), and the largest dot's radius (:func:`dot_offsets` of it holds every dot's pixels).
     points: Optional[tuple[np.ndarray, np.ndarray]]
-    radii: tuple[int, ...] = ()
+    largest_dot: int = 0
 
 
 @dataclass
@@ -305,17 +306,17 @@ _NO_CLIP = 1 << 30
 
 
 def point_table(rects: Optional[np.ndarray], segments: Optional[np.ndarray],
-                dots: dict[int, np.ndarray]) -> tuple[Optional[tuple[np.ndarray, np.ndarray]], tuple[int, ...]]:
+                dots: dict[int, np.ndarray]) -> tuple[Optional[tuple[np.ndarray, np.ndarray]], int]:
     """Rectangles, segments and dots (the tables of :func:`_rect_table`, :func:`_segment_table` and
     :func:`_dot_tables`) as one table in drawing order (rectangles, segments, then the dots radius by radius),
-    and the dots' radii.
+    and the largest dot's radius.
 
     The table is two arrays of M rows: ``(M, 5)`` float64 x, y, a (2) and span; ``(M, 11)`` int32 frame, width,
     pixels, first (where its pixels start among all), o, step, clip x0, y0, x1, y1 and the packed colour. A
-    row's pixel ``k`` (of its ``pixels``), with ``i, j = k % width, k // width``, is at ``round((x, y) + a * i
-    / span) + (0, j) + offset[o + step * i]``, kept where inside its clip ``[x0, x1) x [y0, y1)``. A rectangle
+    row's pixel ``k`` (of its ``pixels``), with ``i, j = k % width, k // width``, is at ``round((x, y) + a * (i
+    / span)) + (0, j) + offset[o + step * i]``, kept where inside its clip ``[x0, x1) x [y0, y1)``. A rectangle
     steps right then down; a segment along ``a``, ``pixels`` of it over ``span``; a dot takes its pixels from
-    :func:`dot_offsets` (``offset[0]`` is (0, 0) for the others)."""
+    :func:`dot_offsets` (``offset[0]`` is (0, 0) for the others), where each radius has a place of its own."""
     floats, ints = [], []
 
     def add(x, y, ax, ay, span, frame, width, pixels, offset, step, clip, color) -> None:
@@ -332,24 +333,30 @@ def point_table(rects: Optional[np.ndarray], segments: Optional[np.ndarray],
         zero = np.zeros(len(g))
         add(g[:, 0], g[:, 1], g[:, 2], g[:, 3], np.maximum(g[:, 4] - 1, 1), g[:, 5], g[:, 4], g[:, 4], zero, zero,
             g[:, 6:10], g[:, 10])
-    radii = tuple(sorted(dots))
-    at = 1
-    for radius in radii:
+    for radius in sorted(dots):
         d = dots[radius]
-        m, size = len(d), len(disc_points(np.zeros((1, 2)), radius)[0])
+        m, size = len(d), _disc_size(radius)
         add(d[:, 0], d[:, 1], np.zeros(m), np.zeros(m), np.ones(m), d[:, 2], np.full(m, size), np.full(m, size),
-            np.full(m, at), np.ones(m), d[:, 3:7], d[:, 7])
-        at += size
+            np.full(m, 1 + sum(_disc_size(r) for r in range(radius))), np.ones(m), d[:, 3:7], d[:, 7])
+    largest = max(dots, default=0)
     if not floats:
-        return None, radii
+        return None, largest
     floats, ints = np.concatenate(floats).astype(np.float64), np.concatenate(ints).astype(np.int32)
     ints[:, P_FIRST] = np.cumsum(ints[:, P_PIXELS]) - ints[:, P_PIXELS]
-    return (floats, ints), radii
+    return (floats, ints), largest
 
 
-def dot_offsets(radii: Sequence[int]) -> np.ndarray:
-    """``(1 + K, 2)`` float64: (0, 0), then each radius's dot pixels' offsets from its centre, in turn."""
-    return np.concatenate([np.zeros((1, 2))] + [np.stack(disc_points(np.zeros((1, 2)), r), 1) for r in radii])
+def dot_offsets(largest: int) -> np.ndarray:
+    """``(1 + K, 2)`` float64: (0, 0), then the offsets from its centre of each pixel of a dot of radius 0, 1, ..
+    ``largest``, in turn (a radius's place is the same whatever the largest)."""
+    return np.concatenate([np.zeros((1, 2))] + [np.stack(disc_points(np.zeros((1, 2)), r), 1)
+                                                for r in range(largest + 1)])
+
+
+@lru_cache(maxsize=None)
+def _disc_size(radius: int) -> int:
+    """The pixels of a dot of ``radius`` (:func:`~.opencv.disc_points`)."""
+    return len(disc_points(np.zeros((1, 2)), radius)[0])
 
 
 def _scaled(face: FaceResult, sx: float, sy: float) -> FaceResult:

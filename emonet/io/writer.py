@@ -1,4 +1,4 @@
-"""Video writing: one encoder (:class:`VideoWriter`), and joining segments encoded in parallel.
+"""Video writing: :class:`VideoWriter`, one file through one encoder (x264's frame threads use the cores).
 
 Torch-free, so the encoding workers (:mod:`.encode_worker`) start fast. Every file is encoded under a
 temporary name and renamed on close, so an output is either a playable video or absent; closing in a
